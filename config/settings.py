@@ -1,0 +1,77 @@
+"""Typed settings for every subsystem, composed into one frozen ``EngineConfig``.
+
+Each field's docstring is its help text; the CLI and the ``TESSEL_`` environment
+variables are generated from these same fields (see ``server/cli.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+LoadFormat = Literal["auto", "gguf", "hf", "dummy"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelConfig(_Frozen):
+    model: str | None = None
+    """Path to a GGUF file, a Hugging Face checkpoint directory, or a preset name
+    (``config/models/*.json``, used with ``load_format='dummy'``). None: the default model."""
+    load_format: LoadFormat = "auto"
+    """How to read ``model``: by its shape (auto), GGUF, HF safetensors, or random weights."""
+    dtype: Dtype = "auto"
+    """Compute dtype; auto is float32 on the CPU and bfloat16 on CUDA."""
+    max_model_len: int | None = Field(default=None, ge=1)
+    """Longest prompt + output in tokens; defaults to the model's context length."""
+    seed: int = 0
+    """Seed for random weights and for unseeded sampling."""
+    cache_dir: str | None = None
+    """Where converted GGUF weights are cached; default ``~/.cache/tessel``."""
+
+
+class CacheConfig(_Frozen):
+    block_size: int = Field(default=16, ge=1, le=256)
+    """Tokens per KV-cache block."""
+    num_blocks: int | None = Field(default=None, ge=1)
+    """KV blocks to allocate; None sizes the cache from ``kv_cache_memory_gb``."""
+    kv_cache_memory_gb: float = Field(default=2.0, gt=0)
+    """Memory given to the KV cache when ``num_blocks`` is not set (CPU)."""
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    """Fraction of GPU memory the engine may use (weights + activations + KV)."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV of full blocks whose token prefix was computed before."""
+
+
+class SchedulerConfig(_Frozen):
+    max_num_seqs: int = Field(default=256, ge=1)
+    """Most requests running in one step."""
+    max_num_batched_tokens: int = Field(default=2048, ge=1)
+    """Token budget of one step; longer prompts are prefilled in chunks."""
+    enable_chunked_prefill: bool = True
+    """Split long prompts over several steps, mixed with decodes."""
+
+
+class EngineConfig(_Frozen):
+    model: ModelConfig = ModelConfig()
+    cache: CacheConfig = CacheConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the model runs; auto picks CUDA when available."""
+
+    @model_validator(mode="after")
+    def _budget_fits_a_block(self) -> EngineConfig:
+        if (
+            not self.scheduler.enable_chunked_prefill
+            and self.model.max_model_len is not None
+            and self.scheduler.max_num_batched_tokens < self.model.max_model_len
+        ):
+            raise ValueError(
+                "scheduler.max_num_batched_tokens must be >= model.max_model_len "
+                "when chunked prefill is off"
+            )
+        return self

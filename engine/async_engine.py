@@ -1,0 +1,164 @@
+"""The asyncio front door: many concurrent ``generate`` streams over one engine loop.
+
+The model step runs in a worker thread, so the event loop keeps serving while the model
+computes. Only the loop task touches the engine core, and only between steps: new requests
+and aborts are queued and applied at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from config.settings import EngineConfig
+from engine.core import EngineCore
+from engine.engine_setup import build_engine_parts
+from engine.request import RequestOutput
+from engine.sampling_params import SamplingParams
+from engine.stats import EngineStats
+
+log = logging.getLogger("tessel.engine")
+
+
+class EngineStepError(RuntimeError):
+    """The model step failed; the requests it carried are ended with finish_reason 'error'."""
+
+
+@dataclass
+class _Stream:
+    queue: asyncio.Queue[RequestOutput | BaseException] = field(default_factory=asyncio.Queue)
+    admitted: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class AsyncEngine:
+    def __init__(self, core: EngineCore, model_name: str) -> None:
+        self.core = core
+        self.tokenizer = core.tokenizer
+        self.model_name = model_name
+        self.max_model_len = core.max_model_len
+        self.vocab_size = core.parts.vocab_size
+        self._streams: dict[str, _Stream] = {}
+        self._pending_adds: list[tuple[str, str | list[int], SamplingParams]] = []
+        self._pending_aborts: list[str] = []
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tessel-step")
+        self.last_progress = time.monotonic()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> AsyncEngine:
+        parts = build_engine_parts(config)
+        return cls(EngineCore(parts), parts.served_name)
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._wake = asyncio.Event()
+            self._task = asyncio.create_task(self._run(), name="tessel-engine-loop")
+
+    async def shutdown(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def is_alive(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def stats(self) -> EngineStats:
+        return self.core.stats()
+
+    # ---- requests --------------------------------------------------------------------
+
+    async def generate(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield deltas until the request finishes; leaving early aborts it."""
+        if not self.is_alive():
+            await self.start()
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        stream = self._streams[request_id] = _Stream()
+        self._pending_adds.append((request_id, prompt, params))
+        self._poke()
+        finished = False
+        try:
+            await stream.admitted  # raises the engine's ValueError for a prompt it cannot serve
+            while not finished:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self._pending_aborts.append(request_id)
+                self._poke()
+
+    async def abort(self, request_id: str) -> None:
+        self._pending_aborts.append(request_id)
+        self._poke()
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    # ---- the loop --------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            self._apply_pending()
+            if not self.core.has_unfinished():
+                self._wake.clear()
+                if not self._pending_adds and not self._pending_aborts:
+                    await self._wake.wait()
+                continue
+            try:
+                outputs = await loop.run_in_executor(self._executor, self.core.step)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a failed step must not take the server down
+                log.exception("engine step failed")
+                self._fail_all(EngineStepError(f"engine step failed: {exc}"))
+                continue
+            self.last_progress = time.monotonic()
+            for out in outputs:
+                stream = self._streams.get(out.request_id)
+                if stream is not None:
+                    stream.queue.put_nowait(out)
+
+    def _apply_pending(self) -> None:
+        aborts, self._pending_aborts = self._pending_aborts, []
+        for rid in aborts:
+            self.core.abort(rid)
+        adds, self._pending_adds = self._pending_adds, []
+        for rid, prompt, params in adds:
+            stream = self._streams.get(rid)
+            if stream is None:
+                continue  # the caller left before admission
+            try:
+                self.core.add_request(rid, prompt, params)
+            except ValueError as exc:
+                stream.admitted.set_exception(exc)
+                continue
+            stream.admitted.set_result(None)
+
+    def _fail_all(self, error: EngineStepError) -> None:
+        for rid in self.core.unfinished_request_ids():
+            self.core.abort(rid, reason="error")
+            stream = self._streams.get(rid)
+            if stream is not None:
+                stream.queue.put_nowait(error)

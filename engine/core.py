@@ -1,0 +1,227 @@
+"""One engine step: schedule -> run the model -> update requests -> hand back deltas."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+from engine.engine_setup import EngineParts
+from engine.request import CompletionOutput, Logprob, Request, RequestMetrics, RequestOutput, RequestStatus
+from engine.sampling_params import SamplingParams
+from engine.stats import EngineStats
+
+
+@dataclass
+class _Parent:
+    """A user request: its n child sequences and what the caller still has to be told."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    children: list[Request]
+    metrics: RequestMetrics
+    prompt_logprobs: list[Logprob | None] | None
+    prompt_logprobs_sent: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return all(c.is_finished for c in self.children)
+
+
+class EngineCore:
+    """Synchronous engine: ``add_request`` any time between steps, ``step`` in a loop."""
+
+    def __init__(self, parts: EngineParts) -> None:
+        self.parts = parts
+        self.tokenizer = parts.tokenizer
+        self.scheduler = parts.scheduler
+        self.runner = parts.runner
+        self.outputs = parts.output_processor
+        self.max_model_len = parts.max_model_len
+        self._parents: dict[str, _Parent] = {}
+        self._child_parent: dict[str, str] = {}
+        self._prompt_tokens_total = 0
+        self._generation_tokens_total = 0
+        self._finished_total: dict[str, int] = {}
+
+    # ---- requests in -----------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue a request (n > 1 becomes n sequences sharing the prompt's KV blocks).
+        Raises ValueError, naming the numbers, for prompts that cannot be served."""
+        if request_id in self._parents:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text = prompt if isinstance(prompt, str) else None
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self._check_prompt(token_ids, params)
+        room = self.max_model_len - len(token_ids)
+        max_tokens = room if params.max_tokens is None else params.max_tokens
+        if max_tokens > room:
+            raise ValueError(
+                f"this model's maximum context length is {self.max_model_len} tokens; the prompt "
+                f"has {len(token_ids)} tokens and max_tokens is {max_tokens}, "
+                f"{len(token_ids) + max_tokens} in all"
+            )
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        children = [
+            self._child(request_id, i, token_ids, params, max_tokens, arrival) for i in range(params.n)
+        ]
+        added: list[Request] = []  # all or nothing: a rejected child leaves no sibling queued
+        try:
+            for child in children:
+                self.scheduler.add_request(child)
+                added.append(child)
+        except ValueError:
+            for child in added:
+                self.scheduler.finish_request(child.request_id, RequestStatus.FINISHED_ABORTED)
+            raise
+        for index, child in enumerate(children):
+            self.outputs.add_request(child, index)
+            self._child_parent[child.request_id] = request_id
+        self._parents[request_id] = _Parent(
+            request_id, text, token_ids, children, RequestMetrics(arrival),
+            [None] if params.prompt_logprobs is not None else None,
+        )
+        self._prompt_tokens_total += len(token_ids)
+
+    def _child(
+        self, rid: str, index: int, prompt: list[int], params: SamplingParams, max_tokens: int, arrival: float
+    ) -> Request:
+        child_params = params
+        if params.n > 1 and params.seed is not None:
+            child_params = replace(params, seed=params.seed + index)  # distinct but reproducible
+        eos = self.parts.eos_token_id
+        extra_eos = [t for t in self.parts.arch.eos_token_ids if t != eos and t not in params.stop_token_ids]
+        if extra_eos and not params.ignore_eos:  # e.g. Llama 3's <|eot_id|> beside <|end_of_text|>
+            child_params = replace(child_params, stop_token_ids=[*params.stop_token_ids, *extra_eos])
+        return Request(
+            request_id=rid if params.n == 1 else f"{rid}#{index}",
+            prompt_token_ids=prompt,
+            params=child_params,
+            max_tokens=max_tokens,
+            eos_token_id=eos,
+            arrival_time=arrival,
+            sibling_of=None if index == 0 or params.n == 1 else f"{rid}#0",
+        )
+
+    def _check_prompt(self, token_ids: list[int], params: SamplingParams) -> None:
+        vocab = self.parts.vocab_size
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"this model's maximum context length is {self.max_model_len} tokens; "
+                f"the prompt has {len(token_ids)} tokens"
+            )
+        if params.logit_bias:
+            bad = next((t for t in params.logit_bias if not 0 <= int(t) < vocab), None)
+            if bad is not None:
+                raise ValueError(f"logit_bias token id {bad} is outside the vocabulary [0, {vocab})")
+
+    def abort(self, request_id: str, reason: str = "abort") -> None:
+        """End a request at any moment (waiting, mid-prefill, decoding); frees its blocks."""
+        parent = self._parents.pop(request_id, None)
+        if parent is None:
+            return
+        for child in parent.children:
+            if not child.is_finished:
+                self._count_finish(reason)
+            self._release(child, RequestStatus(reason))
+
+    def unfinished_request_ids(self) -> list[str]:
+        return list(self._parents)
+
+    # ---- one step --------------------------------------------------------------------
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return []
+        result = self.runner.execute(sched)
+        self.scheduler.update_from_output(sched, result.sampled)
+        now = time.monotonic()
+        deltas: dict[str, list[CompletionOutput]] = {}
+        for s in sched.scheduled:
+            parent_id = self._child_parent.get(s.request_id)
+            parent = self._parents.get(parent_id) if parent_id else None
+            if parent is None:
+                continue
+            parent.metrics.scheduled_time = parent.metrics.scheduled_time or now
+            if parent.prompt_logprobs is not None and s.request_id in result.prompt_logprobs:
+                if s.request is parent.children[0]:
+                    parent.prompt_logprobs.extend(result.prompt_logprobs[s.request_id])
+            token = result.sampled.get(s.request_id)
+            if token is None:
+                continue
+            if s.request.max_tokens == 0:  # prompt only (echo, scoring): the sample is dropped
+                s.request.output_token_ids.clear()
+                delta = CompletionOutput(parent.children.index(s.request), "", [], "length")
+            else:
+                logprob = result.logprobs.get(s.request_id)
+                delta = self.outputs.process(s.request, None if logprob is None else [logprob])
+                self._generation_tokens_total += len(delta.token_ids)
+            if delta.finish_reason is not None:
+                self._release(s.request, RequestStatus(delta.finish_reason))
+                self._count_finish(delta.finish_reason)
+            deltas.setdefault(parent.request_id, []).append(delta)
+            if parent.metrics.first_token_time is None:
+                parent.metrics.first_token_time = now
+            parent.metrics.token_times.append(now)
+        return [self._emit(self._parents[pid], outs, now) for pid, outs in deltas.items()]
+
+    def _emit(self, parent: _Parent, outs: list[CompletionOutput], now: float) -> RequestOutput:
+        finished = parent.finished
+        if finished:
+            parent.metrics.finished_time = now
+            del self._parents[parent.request_id]
+        prompt_logprobs = None
+        if parent.prompt_logprobs is not None and not parent.prompt_logprobs_sent:
+            prompt_logprobs, parent.prompt_logprobs_sent = parent.prompt_logprobs, True
+        return RequestOutput(
+            request_id=parent.request_id,
+            prompt_token_ids=parent.prompt_token_ids,
+            outputs=outs,
+            finished=finished,
+            prompt=parent.prompt,
+            prompt_logprobs=prompt_logprobs,
+            num_cached_tokens=parent.children[0].num_cached_tokens,
+            metrics=parent.metrics,
+        )
+
+    def _release(self, request: Request, status: RequestStatus) -> None:
+        self.scheduler.finish_request(request.request_id, status)
+        self.runner.forget(request.request_id)
+        self.outputs.abort(request.request_id)
+        self._child_parent.pop(request.request_id, None)
+
+    def _count_finish(self, reason: str) -> None:
+        self._finished_total[reason] = self._finished_total.get(reason, 0) + 1
+
+    def stats(self) -> EngineStats:
+        s = self.scheduler.stats()
+        return EngineStats(
+            num_running=s.num_running,
+            num_waiting=s.num_waiting,
+            kv_blocks_used=s.kv_blocks_used,
+            kv_blocks_total=s.kv_blocks_total,
+            kv_usage=s.kv_usage,
+            prefix_cache_queries_total=s.prefix_cache_queries,
+            prefix_cache_hits_total=s.prefix_cache_hits,
+            preemptions_total=s.num_preemptions,
+            prompt_tokens_total=self._prompt_tokens_total,
+            generation_tokens_total=self._generation_tokens_total,
+            num_scheduled_tokens=s.num_scheduled_tokens,
+            requests_finished_total=dict(self._finished_total),
+        )

@@ -1,0 +1,32 @@
+"""What a loaded checkpoint is: the plain data the model code consumes, and the one error type."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # transformers takes ~1 s to import; only the tokenizer paths need it
+    import torch
+    from transformers import PreTrainedTokenizerFast
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be read; the message names the file and what is wrong with it."""
+
+
+@dataclass
+class Checkpoint:
+    """A model on disk, opened but not yet read: config and tokenizer now, weights on demand."""
+
+    hf_config: dict[str, Any]
+    """Contents of a Hugging Face ``config.json`` (built from metadata for a GGUF)."""
+    tokenizer: PreTrainedTokenizerFast | None
+    """None only for random weights of a preset that ships no tokenizer."""
+    source: str
+    """The file or directory it came from, for messages."""
+    weights: Callable[[], Iterator[tuple[str, torch.Tensor]]]
+    """Yields ``(HF parameter name, tensor)`` lazily, one tensor at a time, so a large model
+    is never held twice in memory. Each call starts a fresh pass."""
+    served_name: str
+    """Short model name for the API (file stem, directory name or preset name)."""

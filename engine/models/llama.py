@@ -1,0 +1,183 @@
+"""One decoder for the Llama family: Llama 2/3, Mistral, Qwen2 (q/k/v bias), Qwen3 (q/k norm),
+SmolLM2. Parameter names follow Hugging Face's, with q/k/v and gate/up fused."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from config.model_arch import ModelArch
+from engine.models.layers.attention import PagedAttention
+from engine.models.layers.linear import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    default_weight_loader,
+)
+from engine.models.layers.norm import RMSNorm
+from engine.models.layers.parallel import SINGLE, ParallelRank
+from engine.models.layers.rotary import RotaryEmbedding
+from kernels import dispatch
+from kernels.attention.metadata import AttentionMetadata
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+# checkpoint name fragment -> (our fused module, shard id)
+PACKED_MODULES = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", "gate"),
+    "up_proj": ("gate_up_proj", "up"),
+}
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, arch: ModelArch, max_positions: int, tp: ParallelRank) -> None:
+        super().__init__()
+        d = arch.head_dim
+        self.num_heads = tp.shard(arch.num_attention_heads, "num_attention_heads")
+        self.num_kv_heads = tp.shard(arch.num_key_value_heads, "num_key_value_heads")
+        self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
+        self.qkv_proj = ColumnParallelLinear(
+            arch.hidden_size,
+            [arch.num_attention_heads * d, arch.num_key_value_heads * d, arch.num_key_value_heads * d],
+            bias=arch.qkv_bias,
+            tp=tp,
+            shard_ids=["q", "k", "v"],
+        )
+        self.o_proj = RowParallelLinear(arch.num_attention_heads * d, arch.hidden_size, tp=tp)
+        self.q_norm = RMSNorm(d, arch.rms_norm_eps) if arch.qk_norm else None
+        self.k_norm = RMSNorm(d, arch.rms_norm_eps) if arch.qk_norm else None
+        self.rotary = RotaryEmbedding(d, max_positions, arch.rope_theta, arch.rope_scaling)
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d)
+        self.head_dim = d
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, kv_cache: KVCache, md: AttentionMetadata
+    ) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(-1, self.num_heads, self.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, kv_cache, md))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, arch: ModelArch, tp: ParallelRank) -> None:
+        super().__init__()
+        self.gate_up_proj = ColumnParallelLinear(
+            arch.hidden_size, [arch.intermediate_size] * 2, tp=tp, shard_ids=["gate", "up"]
+        )
+        self.down_proj = RowParallelLinear(arch.intermediate_size, arch.hidden_size, tp=tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(dispatch.silu_and_mul(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, arch: ModelArch, max_positions: int, tp: ParallelRank) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(arch, max_positions, tp)
+        self.mlp = LlamaMLP(arch, tp)
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        kv_cache: KVCache,
+        md: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        h, residual = self.input_layernorm.add_and_norm(x, residual)
+        h = self.self_attn(positions, h, kv_cache, md)
+        h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
+        return self.mlp(h), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, arch: ModelArch, max_positions: int, tp: ParallelRank) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, tp)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(arch, max_positions, tp) for _ in range(arch.num_hidden_layers)
+        )
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[KVCache],
+        md: AttentionMetadata,
+    ) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)
+        residual: torch.Tensor | None = None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            h, residual = layer(positions, h, residual, kv_cache, md)
+        h, _ = self.norm.add_and_norm(h, residual)
+        return h
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, arch: ModelArch, max_positions: int, tp: ParallelRank = SINGLE) -> None:
+        super().__init__()
+        self.arch = arch
+        self.model = LlamaModel(arch, max_positions, tp)
+        self.lm_head = (
+            None
+            if arch.tie_word_embeddings
+            else VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, tp)
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[KVCache],
+        md: AttentionMetadata,
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, md)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        head = self.lm_head if self.lm_head is not None else self.model.embed_tokens
+        return torch.nn.functional.linear(hidden, head.weight)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors (HF names) into this rank's shards; every parameter must
+        be covered, so a checkpoint missing a tensor fails here rather than generating junk."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue  # tied: some checkpoints still store the copy
+            target, shard_id = name, None
+            for fragment, (fused, shard) in PACKED_MODULES.items():
+                if f".{fragment}." in name:
+                    target, shard_id = name.replace(fragment, fused), shard
+                    break
+            param = params.get(target)
+            if param is None:
+                raise ValueError(f"checkpoint tensor {name!r} has no place in {self.arch.architecture}")
+            loader = getattr(param, "weight_loader", default_weight_loader)
+            loader(param, tensor.to(param.dtype), shard_id)
+            loaded.add(target if shard_id is None else f"{target}:{shard_id}")
+        missing = [n for n in params if not _covered(n, loaded)]
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+
+
+def _covered(param_name: str, loaded: set[str]) -> bool:
+    if param_name in loaded:
+        return True
+    shards = [s for f, s in PACKED_MODULES.values() if f in param_name]
+    return bool(shards) and all(f"{param_name}:{s}" in loaded for s in shards)

@@ -1,0 +1,3 @@
+from kernels.attention.metadata import AttentionMetadata
+
+__all__ = ["AttentionMetadata"]

@@ -1,0 +1,159 @@
+"""One HTTP request's trip through the engine: one engine request per prompt, merged.
+
+Owns what must happen however the response ends: the admission ticket is closed, requests
+still running are aborted (their KV blocks freed), and each finished engine request is
+recorded in the metrics with its finish reasons.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import anyio
+from typing import TYPE_CHECKING
+
+from engine.request import RequestOutput
+from engine.sampling_params import SamplingParams
+from server.state import Ticket
+
+if TYPE_CHECKING:
+    from engine import AsyncEngine
+    from server.metrics import ServerMetrics
+
+
+@dataclass
+class PromptRun:
+    """Book-keeping of one prompt's engine request."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    num_generated: int = 0
+    reasons: dict[int, str] = field(default_factory=dict)  # choice index -> finish reason
+    finished: bool = False
+
+
+class Generation:
+    """Runs ``prompts`` through the engine and yields ``(prompt index, delta)`` pairs.
+
+    Iterate it once, inside ``async with``; leaving the block early (client gone, error)
+    aborts every engine request that has not finished.
+    """
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        metrics: ServerMetrics,
+        ticket: Ticket,
+        request_id: str,
+        prompts: list[list[int]],
+        params: SamplingParams,
+    ) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.ticket = ticket
+        self.params = params
+        self.prompts = prompts
+        self.runs = [
+            PromptRun(request_id if len(prompts) == 1 else f"{request_id}-{i}", ids)
+            for i, ids in enumerate(prompts)
+        ]
+        self._failed = False
+
+    async def __aenter__(self) -> Generation:
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        failed = exc is not None and not isinstance(exc, asyncio.CancelledError | GeneratorExit)
+        await self.close(reason="error" if failed or self._failed else "abort")
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        streams = [
+            self.engine.generate(run.prompt_token_ids, self.params, run.request_id)
+            for run in self.runs
+        ]
+        merged = streams[0] if len(streams) == 1 else _merge(streams)
+        try:
+            async for prompt_index, output in _indexed(merged, len(streams) == 1):
+                self._account(prompt_index, output)
+                yield prompt_index, output
+        except Exception:
+            self._failed = True
+            raise
+        finally:
+            # Shielded: a cancelled client task must still close (and so abort) its streams.
+            with anyio.CancelScope(shield=True):
+                for stream in [merged, *streams] if merged is not streams[0] else streams:
+                    aclose = getattr(stream, "aclose", None)
+                    if aclose is not None:
+                        await aclose()
+
+    def _account(self, prompt_index: int, output: RequestOutput) -> None:
+        self.ticket.started()
+        run = self.runs[prompt_index]
+        for choice in output.outputs:
+            run.num_generated += len(choice.token_ids)
+            if choice.finish_reason is not None:
+                run.reasons[choice.index] = choice.finish_reason
+        if output.finished and not run.finished:
+            run.finished = True
+            for index in range(self.params.n):
+                run.reasons.setdefault(index, "length")
+            self._record(run, output)
+
+    def _record(self, run: PromptRun, last: RequestOutput | None) -> None:
+        reasons = [run.reasons.get(i, "abort") for i in range(self.params.n)]
+        metrics = last.metrics if last is not None else None
+        self.metrics.observe_request(metrics, len(run.prompt_token_ids), run.num_generated, reasons)
+
+    async def close(self, reason: str = "abort") -> None:
+        """Abort what still runs (recording ``reason`` for its choices) and release the ticket."""
+        try:
+            for run in self.runs:
+                if run.finished:
+                    continue
+                run.finished = True
+                with anyio.CancelScope(shield=True):
+                    await self.engine.abort(run.request_id)
+                for index in range(self.params.n):
+                    run.reasons.setdefault(index, reason)
+                self._record(run, None)
+        finally:
+            self.ticket.close()
+
+
+async def _indexed(
+    stream: AsyncIterator[RequestOutput] | AsyncIterator[tuple[int, RequestOutput]], single: bool
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    async for item in stream:
+        yield (0, item) if single else item  # type: ignore[misc]
+
+
+async def _merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Interleave several engine streams as their outputs arrive."""
+    queue: asyncio.Queue[tuple[int, RequestOutput] | BaseException | None] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async for output in stream:
+                await queue.put((index, output))
+            await queue.put(None)
+        except Exception as err:  # handed to the consumer, which re-raises it
+            await queue.put(err)
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

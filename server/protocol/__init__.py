@@ -1,0 +1,1 @@
+"""OpenAI's wire format: request bodies, response bodies and the error shape."""

@@ -1,0 +1,1 @@
+"""One FastAPI router per endpoint family."""

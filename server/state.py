@@ -1,0 +1,98 @@
+"""What the app knows about itself: the engine (once loaded), admission, in-flight and drain."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from server.metrics import ServerMetrics
+from server.protocol.errors import APIError
+from server.settings import ServerSettings
+
+if TYPE_CHECKING:
+    from engine import AsyncEngine
+
+RETRY_AFTER_S = 1  # what a 429 tells the client to wait
+
+
+@dataclass
+class Ticket:
+    """One admitted HTTP request: queued until its first token, in flight until closed."""
+
+    state: ServerState
+    queued: bool = True
+    closed: bool = False
+
+    def started(self) -> None:
+        """The first output arrived: the request no longer counts against ``max_queue``."""
+        if self.queued:
+            self.queued = False
+            self.state.num_queued -= 1
+
+    def close(self) -> None:
+        if not self.closed:
+            self.started()
+            self.closed = True
+            self.state.num_in_flight -= 1
+
+
+@dataclass
+class ServerState:
+    """Shared by every route through ``app.state.tessel``."""
+
+    settings: ServerSettings
+    metrics: ServerMetrics
+    engine: AsyncEngine | None = None  # None while the model loads
+    served_model_name: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+    draining: bool = False
+    load_error: BaseException | None = None
+    num_queued: int = 0  # admitted, no output yet (tokenizing, waiting or prefilling)
+    num_in_flight: int = 0  # admitted, response not yet finished
+
+    def ready_engine(self) -> AsyncEngine:
+        """The engine, or a 503 while the model is loading or the server drains."""
+        if self.draining:
+            raise APIError(503, "the server is shutting down", code="draining")
+        if self.engine is None:
+            raise APIError(503, "the model is still loading", code="loading")
+        return self.engine
+
+    def is_ready(self) -> bool:
+        return not self.draining and self.engine is not None and self.engine.is_alive()
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.served_model_name:
+            raise APIError(
+                404,
+                f"The model `{model}` does not exist; this server serves `{self.served_model_name}`.",
+                param="model",
+                code="model_not_found",
+            )
+
+    def admit(self) -> Ticket:
+        """Admit a generation request, or refuse it (503 draining, 429 queue full) before
+        any tokenizing is spent on it."""
+        self.ready_engine()
+        if self.num_queued >= self.settings.max_queue:
+            self.metrics.rejected("queue_full")
+            raise APIError(
+                429,
+                f"the server's queue is full ({self.settings.max_queue} requests waiting); retry later",
+                code="queue_full",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        self.num_queued += 1
+        self.num_in_flight += 1
+        return Ticket(self)
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no request is in flight; False when ``timeout_s`` passed first."""
+        deadline = time.monotonic() + timeout_s
+        while self.num_in_flight > 0:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
