@@ -21,10 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-WORDS = (
-    "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches "
-    "in the old town square near rivers mountains and forests under bright summer skies"
-).split()
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wizards", "quietly", "judge", "boxing", "matches", "in", "the", "old", "town", "square", "near", "rivers", "mountains", "and", "forests", "under", "bright", "summer", "skies"]
 
 
 def make_prompts(n: int, min_len: int, max_len: int, seed: int) -> list[str]:

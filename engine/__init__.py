@@ -1,20 +1,36 @@
 """The inference engine: models, KV cache, scheduler, sampler, the offline and async APIs.
 
-Knows nothing of HTTP.
+Knows nothing of HTTP. The public names load lazily, so importing a small piece
+(``engine.kv_cache``, ``engine.sampling_params``) does not pull in the model stack.
 """
 
-from engine.async_engine import AsyncEngine
-from engine.llm import LLM
-from engine.request import CompletionOutput, Logprob, RequestOutput
-from engine.sampling_params import SamplingParams
-from engine.stats import EngineStats
+from __future__ import annotations
 
-__all__ = [
-    "LLM",
-    "AsyncEngine",
-    "CompletionOutput",
-    "EngineStats",
-    "Logprob",
-    "RequestOutput",
-    "SamplingParams",
-]
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "LLM": "engine.llm",
+    "AsyncEngine": "engine.async_engine",
+    "CompletionOutput": "engine.request",
+    "Logprob": "engine.request",
+    "RequestOutput": "engine.request",
+    "SamplingParams": "engine.sampling_params",
+    "EngineStats": "engine.stats",
+}
+
+if TYPE_CHECKING:
+    from engine.async_engine import AsyncEngine
+    from engine.llm import LLM
+    from engine.request import CompletionOutput, Logprob, RequestOutput
+    from engine.sampling_params import SamplingParams
+    from engine.stats import EngineStats
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    return getattr(import_module(module), name)

@@ -159,9 +159,11 @@ class EngineCore:
             if parent is None:
                 continue
             parent.metrics.scheduled_time = parent.metrics.scheduled_time or now
-            if parent.prompt_logprobs is not None and s.request_id in result.prompt_logprobs:
-                if s.request is parent.children[0]:
-                    parent.prompt_logprobs.extend(result.prompt_logprobs[s.request_id])
+            scored = result.prompt_logprobs.get(s.request_id)
+            if parent.prompt_logprobs is not None and scored and s.request is parent.children[0]:
+                first, logprobs = scored
+                if first == len(parent.prompt_logprobs):  # a recompute after preemption adds nothing
+                    parent.prompt_logprobs.extend(logprobs)
             token = result.sampled.get(s.request_id)
             if token is None:
                 continue
@@ -210,7 +212,7 @@ class EngineCore:
         self._finished_total[reason] = self._finished_total.get(reason, 0) + 1
 
     def stats(self) -> EngineStats:
-        s = self.scheduler.stats()
+        s = self.scheduler.stats
         return EngineStats(
             num_running=s.num_running,
             num_waiting=s.num_waiting,

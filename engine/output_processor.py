@@ -107,7 +107,10 @@ class OutputProcessor:
     def _release_safe(state: _StreamState, request: Request) -> str:
         """Emit held text except a suffix that could still grow into a stop string."""
         keep = partial_stop_length(state.held, request.params.stop)
-        text, state.held = state.held[: len(state.held) - keep], state.held[len(state.held) - keep :]
+        text, state.held = (
+            state.held[: len(state.held) - keep],
+            state.held[len(state.held) - keep :],
+        )
         return text
 
     @staticmethod

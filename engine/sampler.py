@@ -7,11 +7,18 @@ from dataclasses import dataclass
 import torch
 
 from engine.request import Logprob
-from engine.sampling_metadata import PenaltyTensors, SamplingMetadata, TokenEdits
+from engine.sampling_metadata import (
+    PenaltyTensors,
+    SamplingMetadata,
+    TokenEdits,
+    TruncationTensors,
+)
 
 # Smallest exponential draw we divide by; a draw of exactly 0 would turn a zero-probability
 # token's 0/0 into NaN, which argmax would pick.
 _MIN_EXPONENTIAL = 1e-20
+# Up to this k, top-k by torch.topk beats a full sort of the vocabulary.
+_TOPK_FAST_MAX = 1024
 
 
 @dataclass
@@ -40,11 +47,10 @@ class Sampler:
         if meta.max_num_logprobs is not None:
             raw_logprobs = torch.log_softmax(logits, dim=-1)  # vLLM v1 default: before processing
         logits = process_logits(logits, meta)
-        if meta.all_greedy:
-            tokens = logits.argmax(dim=-1)
-        else:
+        tokens = logits.argmax(dim=-1)  # greedy rows: argmax of the processed logits
+        if not meta.all_greedy:
             sampled = self._draw(random_logits(logits, meta), meta)
-            tokens = torch.where(meta.greedy, logits.argmax(dim=-1), sampled)
+            tokens = torch.where(meta.greedy, tokens, sampled)
         return self._to_host(tokens, raw_logprobs, meta)
 
     def _draw(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
@@ -53,7 +59,9 @@ class Sampler:
         noise = torch.empty_like(probs).exponential_(generator=self._shared_generator(probs.device))
         for row, seed in enumerate(meta.seeds):
             if seed is not None:
-                noise[row].exponential_(generator=self._row_generator(meta.request_ids[row], seed, probs.device))
+                noise[row].exponential_(
+                    generator=self._row_generator(meta.request_ids[row], seed, probs.device)
+                )
         return (probs / noise.clamp_min_(_MIN_EXPONENTIAL)).argmax(dim=-1)
 
     def _shared_generator(self, device: torch.device) -> torch.Generator:
@@ -76,7 +84,12 @@ class Sampler:
         top_values, top_ids = raw_logprobs.topk(meta.max_num_logprobs, dim=-1)  # sorted, best first
         # One transfer: ids are exact in float64 (vocabularies are far below 2**53).
         packed = torch.cat(
-            [tokens.unsqueeze(1).double(), chosen.unsqueeze(1).double(), top_ids.double(), top_values.double()],
+            [
+                tokens.unsqueeze(1).double(),
+                chosen.unsqueeze(1).double(),
+                top_ids.double(),
+                top_values.double(),
+            ],
             dim=1,
         ).tolist()
         k = meta.max_num_logprobs
@@ -124,12 +137,23 @@ def random_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
     """Temperature, then top-k, top-p and min-p as -inf masks; rows are independent."""
     if meta.temperature is not None:
         logits = logits / meta.temperature.unsqueeze(1)
-    logits = apply_top_k_top_p(logits, meta.top_k, meta.top_p)
+    if meta.truncation is not None:
+        rows = meta.truncation.rows
+        logits[rows] = truncate(logits[rows], meta.truncation)
     if meta.min_p is not None:
         probs = torch.softmax(logits, dim=-1)
         threshold = meta.min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
         logits = logits.masked_fill(probs < threshold, float("-inf"))
     return logits
+
+
+def truncate(logits: torch.Tensor, trunc: TruncationTensors) -> torch.Tensor:
+    """top-k / top-p for ``trunc.rows``: a small top-k alone needs no full sort."""
+    if trunc.top_p is None and trunc.top_k is not None and trunc.max_top_k <= _TOPK_FAST_MAX:
+        best = logits.topk(trunc.max_top_k, dim=-1).values  # sorted, largest first
+        kth = best.gather(1, (trunc.top_k - 1).unsqueeze(1))
+        return logits.masked_fill(logits < kth, float("-inf"))
+    return apply_top_k_top_p(logits, trunc.top_k, trunc.top_p)
 
 
 def apply_top_k_top_p(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
 
+import numpy as np
 import torch
 
 from engine.request import Request
@@ -21,6 +23,16 @@ class TokenEdits:
     rows: torch.Tensor  # [N] long, batch row
     token_ids: torch.Tensor  # [N] long, vocabulary column
     values: torch.Tensor  # [N] float32: the bias to add, or unused for bans
+
+
+@dataclass
+class TruncationTensors:
+    """top-k / top-p for the random rows that set either: only these rows get sorted."""
+
+    rows: torch.Tensor  # [T] long, which batch rows these are
+    top_k: torch.Tensor | None  # [T] long, vocab_size where off; None when no row sets top_k
+    max_top_k: int  # largest top_k among the rows (vocab_size for a row without one)
+    top_p: torch.Tensor | None  # [T] float32, 1.0 where off; None when no row sets top_p
 
 
 @dataclass
@@ -44,8 +56,7 @@ class SamplingMetadata:
     greedy: torch.Tensor  # [B] bool: take the argmax of the processed logits
     all_greedy: bool  # skip temperature / top-k / top-p / min-p and the random draw entirely
     temperature: torch.Tensor | None  # [B] float32, 1.0 on greedy rows
-    top_k: torch.Tensor | None  # [B] long, vocab_size where off
-    top_p: torch.Tensor | None  # [B] float32, 1.0 where off
+    truncation: TruncationTensors | None  # top-k / top-p
     min_p: torch.Tensor | None  # [B] float32, 0.0 where off
     logit_bias: TokenEdits | None  # OpenAI logit_bias, added to the logits
     banned: TokenEdits | None  # eos + stop ids of rows still short of min_tokens, set to -inf
@@ -64,22 +75,16 @@ class SamplingMetadata:
         num_logprobs = [p.logprobs for p in params]
         wanted = [n for n in num_logprobs if n is not None]
 
-        def column(values: list[float], dtype: torch.dtype) -> torch.Tensor:
+        def column(values: Sequence[float], dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
-        temperature = top_k = top_p = min_p = None
+        temperature = truncation = min_p = None
         if not all_greedy:
             temperature = column(
                 [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)],
                 torch.float32,
             )
-            if any(p.top_k > 0 for p in params):
-                top_k = column(
-                    [min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in params],
-                    torch.long,
-                )
-            if any(p.top_p < 1.0 for p in params):
-                top_p = column([p.top_p for p in params], torch.float32)
+            truncation = _truncation(params, greedy, vocab_size, device)
             if any(p.min_p > 0.0 for p in params):
                 min_p = column([p.min_p for p in params], torch.float32)
         return cls(
@@ -88,8 +93,7 @@ class SamplingMetadata:
             greedy=column(greedy, torch.bool),
             all_greedy=all_greedy,
             temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
+            truncation=truncation,
             min_p=min_p,
             logit_bias=_logit_bias(params, vocab_size, device),
             banned=_min_tokens_bans(requests, vocab_size, device),
@@ -101,10 +105,41 @@ class SamplingMetadata:
 
 def check_token_ids(params: SamplingParams, vocab_size: int) -> None:
     """Reject token ids outside the vocabulary; call when a request is admitted, not per step."""
-    for name, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids)):
+    for name, ids in (
+        ("logit_bias", params.logit_bias or {}),
+        ("stop_token_ids", params.stop_token_ids),
+    ):
         bad = [t for t in ids if not 0 <= t < vocab_size]
         if bad:
             raise SamplingParamsError(name, f"has token ids outside [0, {vocab_size}): {bad[:5]}")
+
+
+def _truncation(
+    params: list[SamplingParams], greedy: list[bool], vocab_size: int, device: torch.device | str
+) -> TruncationTensors | None:
+    rows = [
+        row
+        for row, (p, g) in enumerate(zip(params, greedy, strict=True))
+        if not g and (p.top_k > 0 or p.top_p < 1.0)
+    ]
+    if not rows:
+        return None
+    chosen = [params[row] for row in rows]
+    ks = [min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in chosen]
+    return TruncationTensors(
+        rows=torch.tensor(rows, dtype=torch.long).to(device, non_blocking=True),
+        top_k=(
+            torch.tensor(ks, dtype=torch.long).to(device, non_blocking=True)
+            if any(p.top_k > 0 for p in chosen)
+            else None
+        ),
+        max_top_k=max(ks),
+        top_p=(
+            torch.tensor([p.top_p for p in chosen]).to(device, non_blocking=True)
+            if any(p.top_p < 1.0 for p in chosen)
+            else None
+        ),
+    )
 
 
 def _edits(
@@ -159,9 +194,14 @@ def _token_presence(
     """[len(id_lists), V] float32 counts, scattered on the device without a per-token Python loop."""
     lengths = torch.tensor([len(ids) for ids in id_lists], dtype=torch.long)
     rows = torch.repeat_interleave(torch.arange(len(id_lists)), lengths).to(device)
-    ids = torch.tensor(list(chain.from_iterable(id_lists)), dtype=torch.long).to(device)
+    flat = np.fromiter(chain.from_iterable(id_lists), dtype=np.int64, count=int(lengths.sum()))
+    ids = torch.from_numpy(flat).to(device)
     counts = torch.zeros(len(id_lists), vocab_size, dtype=torch.float32, device=device)
-    return counts.index_put_((rows, ids), torch.ones_like(ids, dtype=torch.float32), accumulate=True)
+    # scatter_add_ on the flat view: atomics, where index_put_(accumulate=True) sorts on CUDA.
+    counts.view(-1).scatter_add_(
+        0, rows * vocab_size + ids, torch.ones_like(ids, dtype=torch.float32)
+    )
+    return counts
 
 
 def _penalties(

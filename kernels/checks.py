@@ -35,7 +35,7 @@ def check_tensor(
 
 def check_shape(name: str, t: torch.Tensor, shape: Sequence[int | None]) -> None:
     """``None`` in ``shape`` matches any size."""
-    ok = t.dim() == len(shape) and all(s is None or s == d for s, d in zip(shape, t.shape))
+    ok = t.dim() == len(shape) and all(s is None or s == d for s, d in zip(shape, t.shape, strict=False))
     if not ok:
         want = tuple("*" if s is None else s for s in shape)
         raise ValueError(f"{name} has shape {tuple(t.shape)}; expected {want}")

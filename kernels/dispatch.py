@@ -2,34 +2,63 @@
 
 from __future__ import annotations
 
+import os
+from functools import cache
+from types import ModuleType
+
 import torch
 
 from kernels import reference
 from kernels.attention.metadata import AttentionMetadata
 
 
+@cache
+def _triton_ops() -> ModuleType | None:
+    """The Triton kernels, imported on first CUDA use (a CPU process never loads Triton)."""
+    try:
+        from kernels import triton_ops
+    except ImportError:  # Triton is a Linux-only dependency
+        return None
+    return triton_ops
+
+
 def _use_triton(t: torch.Tensor) -> bool:
-    # Filled in by the Triton kernels; until a kernel exists for an op it runs its reference.
-    return False
+    if not t.is_cuda or os.environ.get("TESSEL_KERNELS", "triton") == "reference":
+        return False
+    return _triton_ops() is not None
+
+
+def _ops() -> ModuleType:
+    ops = _triton_ops()
+    assert ops is not None  # only called after _use_triton said yes
+    return ops
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if _use_triton(x):
+        return _ops().rms_norm(x, weight, eps)
     return reference.rms_norm(x, weight, eps)
 
 
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if _use_triton(x):
+        return _ops().fused_add_rms_norm(x, residual, weight, eps)
     return reference.fused_add_rms_norm(x, residual, weight, eps)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if _use_triton(x):
+        return _ops().silu_and_mul(x)
     return reference.silu_and_mul(x)
 
 
 def apply_rope(
     q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if _use_triton(q):
+        return _ops().apply_rope(q, k, positions, cos_sin_cache)
     return reference.apply_rope(q, k, positions, cos_sin_cache)
 
 
@@ -40,7 +69,10 @@ def store_kv(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    reference.store_kv(k, v, k_cache, v_cache, slot_mapping)
+    if _use_triton(k_cache):
+        _ops().store_kv(k, v, k_cache, v_cache, slot_mapping)
+    else:
+        reference.store_kv(k, v, k_cache, v_cache, slot_mapping)
 
 
 def paged_attention(
@@ -50,4 +82,6 @@ def paged_attention(
     md: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
+    if _use_triton(q):
+        return _ops().paged_attention(q, k_cache, v_cache, md, scale)
     return reference.paged_attention(q, k_cache, v_cache, md, scale)

@@ -39,4 +39,9 @@ async def require_api_key(request: Request) -> None:
             headers={"WWW-Authenticate": "Bearer"},
         )
     if not key_matches(token.strip(), keys):
-        raise APIError(401, "Incorrect API key provided.", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        raise APIError(
+            401,
+            "Incorrect API key provided.",
+            code="invalid_api_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import anyio
-from typing import TYPE_CHECKING
 
 from engine.request import RequestOutput
 from engine.sampling_params import SamplingParams
@@ -130,7 +130,9 @@ async def _indexed(
         yield (0, item) if single else item  # type: ignore[misc]
 
 
-async def _merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def _merge(
+    streams: list[AsyncIterator[RequestOutput]],
+) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Interleave several engine streams as their outputs arrive."""
     queue: asyncio.Queue[tuple[int, RequestOutput] | BaseException | None] = asyncio.Queue()
 

@@ -18,10 +18,54 @@ from engine.request import RequestMetrics
 
 # Latency buckets from sub-millisecond GPU steps to minutes-long CPU requests.
 LATENCY_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
-    0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    320.0,
+    640.0,
 )
-TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072)
+TOKEN_BUCKETS = (
+    1,
+    2,
+    4,
+    8,
+    16,
+    32,
+    64,
+    128,
+    256,
+    512,
+    1024,
+    2048,
+    4096,
+    8192,
+    16384,
+    32768,
+    131072,
+)
 FINISH_REASONS = ("stop", "length", "abort", "error")
 
 
@@ -36,24 +80,44 @@ class ServerMetrics:
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(name, doc, labels, buckets=buckets, registry=self.registry)
 
-        self.ttft = histogram("tessel_time_to_first_token_seconds", "Arrival to first token.", LATENCY_BUCKETS)
+        self.ttft = histogram(
+            "tessel_time_to_first_token_seconds", "Arrival to first token.", LATENCY_BUCKETS
+        )
         self.tpot = histogram(
             "tessel_time_per_output_token_seconds",
             "Per request: (last token - first token) / (output tokens - 1).",
             LATENCY_BUCKETS,
         )
-        self.itl = histogram("tessel_inter_token_latency_seconds", "Each gap between two output tokens.", LATENCY_BUCKETS)
-        self.e2e = histogram("tessel_e2e_request_latency_seconds", "Arrival to the last token.", LATENCY_BUCKETS)
-        self.queue = histogram("tessel_request_queue_time_seconds", "Arrival to first scheduled.", LATENCY_BUCKETS)
-        self.prompt_len = histogram("tessel_request_prompt_tokens", "Prompt length per request.", TOKEN_BUCKETS)
+        self.itl = histogram(
+            "tessel_inter_token_latency_seconds",
+            "Each gap between two output tokens.",
+            LATENCY_BUCKETS,
+        )
+        self.e2e = histogram(
+            "tessel_e2e_request_latency_seconds", "Arrival to the last token.", LATENCY_BUCKETS
+        )
+        self.queue = histogram(
+            "tessel_request_queue_time_seconds", "Arrival to first scheduled.", LATENCY_BUCKETS
+        )
+        self.prompt_len = histogram(
+            "tessel_request_prompt_tokens", "Prompt length per request.", TOKEN_BUCKETS
+        )
         self.gen_len = histogram(
-            "tessel_request_generation_tokens", "Generated tokens per request (all choices).", TOKEN_BUCKETS
+            "tessel_request_generation_tokens",
+            "Generated tokens per request (all choices).",
+            TOKEN_BUCKETS,
         )
         self.prompt_tokens = Counter(
-            "tessel_prompt_tokens", "Prompt tokens of the requests served.", labels, registry=self.registry
+            "tessel_prompt_tokens",
+            "Prompt tokens of the requests served.",
+            labels,
+            registry=self.registry,
         )
         self.generation_tokens = Counter(
-            "tessel_generation_tokens", "Tokens generated for the requests served.", labels, registry=self.registry
+            "tessel_generation_tokens",
+            "Tokens generated for the requests served.",
+            labels,
+            registry=self.registry,
         )
         self.finished = Counter(
             "tessel_requests_finished",
@@ -62,7 +126,9 @@ class ServerMetrics:
             registry=self.registry,
         )
         self.rejections = Counter(
-            "tessel_requests_rejected", "Requests refused before reaching the engine.", [*labels, "reason"],
+            "tessel_requests_rejected",
+            "Requests refused before reaching the engine.",
+            [*labels, "reason"],
             registry=self.registry,
         )
 
@@ -97,7 +163,7 @@ class ServerMetrics:
             self.queue.labels(name).observe(max(0.0, m.scheduled_time - m.arrival_time))
         if m.first_token_time is not None:
             self.ttft.labels(name).observe(max(0.0, m.first_token_time - m.arrival_time))
-        times = m.token_times
+        times = sorted(set(m.token_times))  # n > 1: the choices of one step share a timestamp
         for earlier, later in zip(times, times[1:], strict=False):
             self.itl.labels(name).observe(max(0.0, later - earlier))
         if len(times) > 1:
@@ -118,9 +184,21 @@ class EngineStatsCollector(Collector):
         ("tessel_kv_cache_blocks_total", "kv_blocks_total", "KV-cache blocks allocated."),
     )
     COUNTERS = (
-        ("tessel_num_preemptions", "preemptions_total", "Requests preempted (KV freed, recomputed)."),
-        ("tessel_prefix_cache_queries", "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache."),
-        ("tessel_prefix_cache_hits", "prefix_cache_hits_total", "Prompt tokens found in the prefix cache."),
+        (
+            "tessel_num_preemptions",
+            "preemptions_total",
+            "Requests preempted (KV freed, recomputed).",
+        ),
+        (
+            "tessel_prefix_cache_queries",
+            "prefix_cache_queries_total",
+            "Prompt tokens looked up in the prefix cache.",
+        ),
+        (
+            "tessel_prefix_cache_hits",
+            "prefix_cache_hits_total",
+            "Prompt tokens found in the prefix cache.",
+        ),
     )
 
     def __init__(self, stats: Callable[[], Any | None], model_name: Callable[[], str]) -> None:

@@ -15,13 +15,17 @@ def encode_prompt(tokenizer: Any, prompt: str | list[int], vocab_size: int) -> l
         ids = list(prompt)
         for token_id in ids:
             if not 0 <= token_id < vocab_size:
-                raise APIError(400, f"prompt: token id {token_id} is not in [0, {vocab_size})", "prompt")
+                raise APIError(
+                    400, f"prompt: token id {token_id} is not in [0, {vocab_size})", "prompt"
+                )
     if not ids:
         raise APIError(400, "prompt must contain at least one token", "prompt")
     return ids
 
 
-def render_chat(tokenizer: Any, messages: list[dict[str, str]], kwargs: dict[str, Any] | None) -> list[int]:
+def render_chat(
+    tokenizer: Any, messages: list[dict[str, str]], kwargs: dict[str, Any] | None
+) -> list[int]:
     """The chat template applied with ``add_generation_prompt``, as token ids."""
     try:
         text = tokenizer.apply_chat_template(

@@ -69,20 +69,27 @@ class FakeModel:
         self.slots: dict[int, list[int | None]] = {}
 
     def step(self) -> SchedulerOutput:
+        was_running = {r.request_id for r in self.scheduler.running}
         out = self.scheduler.schedule()
+        if out.preempted:  # a step that evicts admits nobody (it would only thrash)
+            assert {s.request_id for s in out.scheduled} <= was_running
         assert out.num_batched_tokens == sum(s.num_new_tokens for s in out.scheduled)
         assert out.num_batched_tokens <= self.scheduler.config.max_num_batched_tokens
         assert len(out.scheduled) <= self.scheduler.config.max_num_seqs
         sampled: dict[str, int] = {}
         for item in out.scheduled:
             request, table, bs = item.request, item.block_table, self.block_size
-            assert item.num_new_tokens > 0 and item.start + item.num_new_tokens <= request.num_tokens
+            assert (
+                item.num_new_tokens > 0 and item.start + item.num_new_tokens <= request.num_tokens
+            )
             assert len(table) >= -(-(item.start + item.num_new_tokens) // bs)
             assert 0 not in table and len(set(table)) == len(table)
             for pos in range(item.start):
                 assert self._slot(table, pos) == request.token_id_at(pos), (request.request_id, pos)
             for pos in range(item.start, item.start + item.num_new_tokens):
-                self.slots.setdefault(table[pos // bs], [None] * bs)[pos % bs] = request.token_id_at(pos)
+                self.slots.setdefault(table[pos // bs], [None] * bs)[pos % bs] = (
+                    request.token_id_at(pos)
+                )
             if item.samples:
                 sampled[item.request_id] = next_token(request)
         self.scheduler.update_from_output(out, sampled)
@@ -102,12 +109,16 @@ class FakeModel:
         return steps
 
     def _slot(self, table: list[int], pos: int) -> int | None:
-        return self.slots.get(table[pos // self.block_size], [None] * self.block_size)[pos % self.block_size]
+        return self.slots.get(table[pos // self.block_size], [None] * self.block_size)[
+            pos % self.block_size
+        ]
 
 
 def expected_output(request: Request) -> list[int]:
     """What the fake model generates for this prompt, computed without any scheduler."""
-    shadow = Request(request.request_id, list(request.prompt_token_ids), request.params, request.max_tokens)
+    shadow = Request(
+        request.request_id, list(request.prompt_token_ids), request.params, request.max_tokens
+    )
     for _ in range(request.max_tokens):
         shadow.output_token_ids.append(next_token(shadow))
     return shadow.output_token_ids

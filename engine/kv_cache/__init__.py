@@ -4,4 +4,11 @@ from engine.kv_cache.block_pool import NULL_BLOCK, BlockPool
 from engine.kv_cache.manager import KVCacheManager
 from engine.kv_cache.prefix_cache import BlockHash, PrefixCacheStats, hash_block
 
-__all__ = ["NULL_BLOCK", "BlockHash", "BlockPool", "KVCacheManager", "PrefixCacheStats", "hash_block"]
+__all__ = [
+    "NULL_BLOCK",
+    "BlockHash",
+    "BlockPool",
+    "KVCacheManager",
+    "PrefixCacheStats",
+    "hash_block",
+]

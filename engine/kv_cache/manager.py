@@ -19,7 +19,9 @@ class KVCacheManager:
     Only full blocks are ever shared; a request's last, partial block is always its own.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
+    ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
@@ -50,11 +52,16 @@ class KVCacheManager:
         """A copy of the request's block ids, in token order (empty if it holds none)."""
         return list(self._blocks.get(request_id, ()))
 
+    def takes_prefix_hits(self, request: Request) -> bool:
+        """Whether the request may reuse cached blocks. Not one that wants prompt
+        logprobs: those need the logits of every prompt position, so all are computed."""
+        return self.enable_prefix_caching and request.params.prompt_logprobs is None
+
     def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
         """The longest run of cached full blocks matching the request's tokens, and the
         number of tokens they cover. Never the whole request: its last token is left to
         compute so the step has logits to sample from. Takes no reference yet."""
-        if not self.enable_prefix_caching:
+        if not self.takes_prefix_hits(request):
             return [], 0
         hashes = self._hashes.setdefault(request.request_id, [])
         tokens = request.all_token_ids
@@ -106,7 +113,9 @@ class KVCacheManager:
         if num_full <= start:
             return
         hashes = self._hashes.setdefault(rid, [])
-        extend_block_hashes(hashes, request.all_token_ids, self.block_size, request.num_computed_tokens)
+        extend_block_hashes(
+            hashes, request.all_token_ids, self.block_size, request.num_computed_tokens
+        )
         blocks = self._blocks[rid]
         for index in range(start, num_full):
             self.pool.cache(blocks[index], hashes[index])

@@ -13,7 +13,11 @@ from engine.loader.names import GGUF_ARCHITECTURES
 
 # The Llama-3.1/3.2 "llama3" RoPE scaling. GGUF stores only its result (the ``rope_freqs`` tensor of
 # per-frequency divisors), so we recognise it by recomputing those divisors from these parameters.
-_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+_LLAMA3_ROPE: dict[str, Any] = {
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 
 def gguf_architecture(gguf: GgufFile) -> str:
@@ -72,7 +76,10 @@ def _rope_scaling(gguf: GgufFile, arch: str) -> dict[str, Any] | None:
     meta = gguf.metadata
     kind = meta.get(f"{arch}.rope.scaling.type")
     if kind in ("linear", "yarn"):
-        scaling: dict[str, Any] = {"rope_type": kind, "factor": float(meta[f"{arch}.rope.scaling.factor"])}
+        scaling: dict[str, Any] = {
+            "rope_type": kind,
+            "factor": float(meta[f"{arch}.rope.scaling.factor"]),
+        }
         original = meta.get(f"{arch}.rope.scaling.original_context_length")
         if original:
             scaling["original_max_position_embeddings"] = int(original)
@@ -86,17 +93,19 @@ def _llama3_scaling(gguf: GgufFile, arch: str) -> dict[str, Any]:
     """Recover Llama-3's rope_scaling from the stored divisors, refusing any we cannot reproduce."""
     info = gguf.tensors["rope_freqs.weight"]
     stored = gguf.raw(info).view(np.float32).reshape(-1).astype(np.float64)
-    scaling = {"rope_type": "llama3", "factor": float(stored.max()), **_LLAMA3_ROPE}
+    factor = float(stored.max())
+    low, high = float(_LLAMA3_ROPE["low_freq_factor"]), float(_LLAMA3_ROPE["high_freq_factor"])
+    original = float(_LLAMA3_ROPE["original_max_position_embeddings"])
     dim = 2 * len(stored)
     theta = float(gguf.metadata.get(f"{arch}.rope.freq_base", 10000.0))
     wavelen = 2 * math.pi * theta ** (np.arange(0, dim, 2) / dim)
-    low_wl = scaling["original_max_position_embeddings"] / scaling["low_freq_factor"]
-    high_wl = scaling["original_max_position_embeddings"] / scaling["high_freq_factor"]
-    smooth = (scaling["original_max_position_embeddings"] / wavelen - scaling["low_freq_factor"]) / (
-        scaling["high_freq_factor"] - scaling["low_freq_factor"]
+    smooth = (original / wavelen - low) / (high - low)
+    mixed = 1.0 / ((1 - smooth) / factor + smooth)
+    expected = np.where(
+        wavelen < original / high, 1.0, np.where(wavelen > original / low, factor, mixed)
     )
-    mixed = 1.0 / ((1 - smooth) / scaling["factor"] + smooth)
-    expected = np.where(wavelen < high_wl, 1.0, np.where(wavelen > low_wl, scaling["factor"], mixed))
     if not np.allclose(stored, expected, rtol=1e-3):
-        raise CheckpointError(f"{gguf.path}: rope_freqs.weight does not match Llama-3 RoPE scaling; unsupported")
-    return scaling
+        raise CheckpointError(
+            f"{gguf.path}: rope_freqs.weight does not match Llama-3 RoPE scaling; unsupported"
+        )
+    return {"rope_type": "llama3", "factor": factor, **_LLAMA3_ROPE}

@@ -22,7 +22,19 @@ from engine.loader.checkpoint import CheckpointError
 _MAGIC = b"GGUF"
 _STRING, _ARRAY = 8, 9
 # fixed-width value types: uint8, int8, uint16, int16, uint32, int32, float32, bool, -, -, uint64, int64, float64
-_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_SCALAR = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
 
 
 @dataclass(frozen=True)
@@ -62,7 +74,9 @@ class _Cursor:
     def unpack(self, fmt: str) -> Any:
         size = struct.calcsize(fmt)
         if self.pos + size > len(self.buf):
-            raise CheckpointError(f"{self.path}: GGUF file is truncated (metadata ends at byte {len(self.buf)})")
+            raise CheckpointError(
+                f"{self.path}: GGUF file is truncated (metadata ends at byte {len(self.buf)})"
+            )
         (value,) = struct.unpack_from(fmt, self.buf, self.pos)
         self.pos += size
         return value
@@ -71,7 +85,9 @@ class _Cursor:
         length = self.unpack("<Q")
         end = self.pos + length
         if end > len(self.buf):
-            raise CheckpointError(f"{self.path}: GGUF file is truncated (metadata ends at byte {len(self.buf)})")
+            raise CheckpointError(
+                f"{self.path}: GGUF file is truncated (metadata ends at byte {len(self.buf)})"
+            )
         text = bytes(self.buf[self.pos : end]).decode("utf-8", errors="replace")
         self.pos = end
         return text
@@ -85,13 +101,17 @@ class _Cursor:
                 dtype = np.dtype(_SCALAR[item_type].replace("?", "b1"))
                 end = self.pos + dtype.itemsize * count
                 if end > len(self.buf):
-                    raise CheckpointError(f"{self.path}: GGUF file is truncated (metadata ends at byte {len(self.buf)})")
+                    raise CheckpointError(
+                        f"{self.path}: GGUF file is truncated (metadata ends at byte {len(self.buf)})"
+                    )
                 items = np.frombuffer(self.buf, dtype, count, self.pos).tolist()
                 self.pos = end
                 return items
             return [self.value(item_type) for _ in range(count)]
         if vtype not in _SCALAR:
-            raise CheckpointError(f"{self.path}: corrupt GGUF metadata (unknown value type {vtype} at byte {self.pos})")
+            raise CheckpointError(
+                f"{self.path}: corrupt GGUF metadata (unknown value type {vtype} at byte {self.pos})"
+            )
         return self.unpack(_SCALAR[vtype])
 
 
@@ -117,7 +137,9 @@ def read_gguf(path: Path) -> GgufFile:
     for name, shape, qtype, rel in table:
         block, type_size = GGML_QUANT_SIZES[qtype]
         if shape[-1] % block:
-            raise CheckpointError(f"{path}: tensor {name} row length {shape[-1]} is not a multiple of {qtype.name}'s block {block}")
+            raise CheckpointError(
+                f"{path}: tensor {name} row length {shape[-1]} is not a multiple of {qtype.name}'s block {block}"
+            )
         nbytes = prod(shape) // block * type_size
         info = GgufTensorInfo(name, shape, qtype, data_start + rel, nbytes)
         if info.offset + nbytes > len(data):
@@ -136,5 +158,7 @@ def _tensor_entry(cur: _Cursor) -> tuple[str, tuple[int, ...], GGMLQuantizationT
     try:
         qtype = GGMLQuantizationType(raw_type)
     except ValueError:
-        raise CheckpointError(f"{cur.path}: tensor {name} has unknown GGML type {raw_type}") from None
+        raise CheckpointError(
+            f"{cur.path}: tensor {name} has unknown GGML type {raw_type}"
+        ) from None
     return name, tuple(reversed(ne)), qtype, cur.unpack("<Q")

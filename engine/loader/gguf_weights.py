@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf.quants import dequantize
 
 from engine.loader.checkpoint import CheckpointError
+from engine.loader.dequant import dequantize
 from engine.loader.gguf_config import gguf_architecture
 from engine.loader.gguf_reader import GgufFile
 from engine.loader.names import expected_shapes, hf_name_of_gguf
@@ -29,10 +29,14 @@ def check_gguf_tensors(gguf: GgufFile, hf_config: dict[str, Any]) -> None:
         raise CheckpointError(f"{gguf.path}: missing tensors {', '.join(missing[:5])}{more}")
     for name, shape in expected.items():
         if present[name] != shape:
-            raise CheckpointError(f"{gguf.path}: tensor {name} has shape {present[name]}, the config implies {shape}")
+            raise CheckpointError(
+                f"{gguf.path}: tensor {name} has shape {present[name]}, the config implies {shape}"
+            )
 
 
-def iter_gguf_weights(gguf: GgufFile, hf_config: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_gguf_weights(
+    gguf: GgufFile, hf_config: dict[str, Any]
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Dequantise one tensor at a time, undoing llama.cpp's q/k row permutation where it applied one."""
     permuted = gguf_architecture(gguf) in _PERMUTED_ARCHS
     heads = {"q_proj": hf_config["num_attention_heads"], "k_proj": hf_config["num_key_value_heads"]}
@@ -44,7 +48,9 @@ def iter_gguf_weights(gguf: GgufFile, hf_config: dict[str, Any]) -> Iterator[tup
         proj = name.split(".")[-2]
         if permuted and proj in heads:
             array = unpermute_rows(array, heads[proj])
-        if not array.flags.writeable or not array.flags.c_contiguous:  # F32 is a view of the read-only map
+        if (
+            not array.flags.writeable or not array.flags.c_contiguous
+        ):  # F32 is a view of the read-only map
             array = np.array(array, dtype=np.float32, order="C")
         yield name, torch.from_numpy(array)
 
@@ -52,4 +58,8 @@ def iter_gguf_weights(gguf: GgufFile, hf_config: dict[str, Any]) -> Iterator[tup
 def unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     """Inverse of convert_hf_to_gguf's ``permute``: each head's rows go back from interleaved
     (x0, x_half, x1, ...) pairs to the two halves HF's rotate-half RoPE expects."""
-    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )

@@ -51,7 +51,9 @@ def hf_name_of_gguf(name: str) -> str | None:
 def head_dim(hf_config: dict[str, Any]) -> int:
     """Per-head width: explicit in newer configs, else hidden size over heads."""
     explicit = hf_config.get("head_dim")
-    return int(explicit) if explicit else hf_config["hidden_size"] // hf_config["num_attention_heads"]
+    return (
+        int(explicit) if explicit else hf_config["hidden_size"] // hf_config["num_attention_heads"]
+    )
 
 
 def expected_shapes(hf_config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -80,7 +82,11 @@ def expected_shapes(hf_config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
             shapes[p + "self_attn.q_norm.weight"] = (hd,)
             shapes[p + "self_attn.k_norm.weight"] = (hd,)
         shapes[p + "post_attention_layernorm.weight"] = (hidden,)
-        for proj, shape in (("gate_proj", (inter, hidden)), ("up_proj", (inter, hidden)), ("down_proj", (hidden, inter))):
+        for proj, shape in (
+            ("gate_proj", (inter, hidden)),
+            ("up_proj", (inter, hidden)),
+            ("down_proj", (hidden, inter)),
+        ):
             shapes[f"{p}mlp.{proj}.weight"] = shape
             if mlp_bias:
                 shapes[f"{p}mlp.{proj}.bias"] = shape[:1]

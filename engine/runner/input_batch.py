@@ -17,6 +17,7 @@ class PromptLogprobRows:
 
     request_id: str
     rows: slice  # rows of the flat batch
+    first_target: int  # prompt index of the token the first row predicts
     targets: list[int]  # the prompt tokens those rows predict, one per row
     num_top: int  # alternatives wanted per position
 
@@ -61,7 +62,9 @@ def build_model_inputs(
             targets = s.request.prompt_token_ids[s.start + 1 : last_scored + 1]
             rows = slice(row0, row0 + len(targets))
             prompt_rows.append(
-                PromptLogprobRows(s.request_id, rows, targets, s.request.params.prompt_logprobs or 0)
+                PromptLogprobRows(
+                    s.request_id, rows, s.start + 1, targets, s.request.params.prompt_logprobs or 0
+                )
             )
     seq_lens = starts + lens
     row_of_token = np.repeat(np.arange(len(scheduled)), lens)

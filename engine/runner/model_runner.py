@@ -21,7 +21,8 @@ class RunnerOutput:
 
     sampled: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, Logprob] = field(default_factory=dict)
-    prompt_logprobs: dict[str, list[Logprob]] = field(default_factory=dict)
+    # request id -> (prompt index of the first scored token, logprobs from there on)
+    prompt_logprobs: dict[str, tuple[int, list[Logprob]]] = field(default_factory=dict)
 
 
 def kv_bytes_per_block(arch: ModelArch, block_size: int, dtype: torch.dtype) -> int:
@@ -75,12 +76,14 @@ class ModelRunner:
     def forget(self, request_id: str) -> None:
         self.sampler.forget(request_id)
 
-    def _prompt_logprobs(self, hidden: torch.Tensor, inputs: ModelInputs) -> dict[str, list[Logprob]]:
+    def _prompt_logprobs(
+        self, hidden: torch.Tensor, inputs: ModelInputs
+    ) -> dict[str, tuple[int, list[Logprob]]]:
         """Score each prompt token under the logits of the position before it (for echo)."""
-        result: dict[str, list[Logprob]] = {}
+        result: dict[str, tuple[int, list[Logprob]]] = {}
         for chunk in inputs.prompt_logprobs:
             logits = self.model.compute_logits(hidden[chunk.rows]).float()
-            result[chunk.request_id] = score_tokens(logits, chunk.targets, chunk.num_top)
+            result[chunk.request_id] = (chunk.first_target, score_tokens(logits, chunk.targets, chunk.num_top))
         return result
 
 

@@ -23,7 +23,9 @@ class Scheduler:
     caller decides when a request stops and says so with ``finish_request``.
     """
 
-    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int) -> None:
+    def __init__(
+        self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int
+    ) -> None:
         self.config = config
         self.kv_cache = kv_cache
         self.max_model_len = max_model_len
@@ -56,7 +58,10 @@ class Scheduler:
                 f"{self.kv_cache.num_blocks_for(max_len)} KV blocks, but the cache has only "
                 f"{self.kv_cache.num_total_blocks}"
             )
-        if not self.config.enable_chunked_prefill and max_len - 1 > self.config.max_num_batched_tokens:
+        if (
+            not self.config.enable_chunked_prefill
+            and max_len - 1 > self.config.max_num_batched_tokens
+        ):
             raise ValueError(
                 f"prompt ({prompt_len}) + max_tokens ({request.max_tokens}) exceeds "
                 f"max_num_batched_tokens ({self.config.max_num_batched_tokens}) "
@@ -198,10 +203,12 @@ class Scheduler:
     def _waits_for_sibling(self, request: Request) -> bool:
         """True while the sibling it shares a prompt with is alive and still prefilling,
         so its prompt blocks will be prefix-cache hits rather than computed twice."""
-        if request.sibling_of is None or not self.kv_cache.enable_prefix_caching:
+        if request.sibling_of is None or not self.kv_cache.takes_prefix_hits(request):
             return False
         sibling = self.requests.get(request.sibling_of)
-        return False and sibling.num_computed_tokens < sibling.num_prompt_tokens
+        return sibling is not None and sibling.num_computed_tokens < sibling.num_prompt_tokens
 
     def _scheduled(self, request: Request, num_new: int, start: int) -> ScheduledRequest:
-        return ScheduledRequest(request, num_new, start, self.kv_cache.block_table(request.request_id))
+        return ScheduledRequest(
+            request, num_new, start, self.kv_cache.block_table(request.request_id)
+        )

@@ -32,6 +32,9 @@ TILE_OVERHEAD_TOKENS = 16
 class TilePlan:
     """One step's decode schedule as flat int32 arrays (the kernel reads them on the device).
 
+    An entry is a tile, or with ``coalesce`` a run of a request's consecutive tiles in one
+    bucket; loads are still charged one overhead per T tokens (``bucket_loads``).
+
     Tiles are stored in bucket order; bucket ``c`` runs tiles ``bucket_ptr[c]:bucket_ptr[c+1]``.
     A request's tiles are contiguous: ``req_first_tile[r] : req_first_tile[r] + req_num_tiles[r]``.
     """
@@ -42,7 +45,7 @@ class TilePlan:
     bucket_ptr: np.ndarray  # [num_buckets + 1] CSR offsets of each bucket's tiles
     req_first_tile: np.ndarray  # [batch] index of each request's first tile
     req_num_tiles: np.ndarray  # [batch] tiles per request; 1 means the kernel writes the output
-    tile_overhead: int  # token-equivalents charged per tile in the loads below
+    tile_overhead: int  # token-equivalents charged per T-tile in the loads below
 
     @property
     def num_tiles(self) -> int:
@@ -52,9 +55,12 @@ class TilePlan:
     def num_buckets(self) -> int:
         return int(self.bucket_ptr.shape[0] - 1)
 
+    tile_size: int  # T, the unit the loads are charged in
+
     def bucket_loads(self) -> np.ndarray:
-        """Cost of every bucket: its tokens plus one overhead per tile."""
-        cost = (self.tile_end - self.tile_start).astype(np.int64) + self.tile_overhead
+        """Cost of every bucket: its tokens plus one overhead per (started) T-tile."""
+        n = (self.tile_end - self.tile_start).astype(np.int64)
+        cost = n + self.tile_overhead * -(-n // self.tile_size)
         bucket = np.repeat(np.arange(self.num_buckets), np.diff(self.bucket_ptr))
         return np.bincount(bucket, weights=cost, minlength=self.num_buckets)
 
@@ -73,12 +79,16 @@ def plan_decode_tiles(
     mode: SplitMode = "balanced",
     num_splits: int = 1,
     tile_overhead: int = TILE_OVERHEAD_TOKENS,
+    coalesce: bool = True,
 ) -> TilePlan:
     """Plan one decode step. ``seq_lens``: [batch] context lengths (all >= 1).
 
     ``balanced``: tiles of <= tile_size tokens packed onto ``num_buckets`` buckets.
     ``static``: ``num_splits`` equal ranges per request, one bucket each (FlashDecoding).
     ``none``: one tile per request, one bucket each.
+    ``coalesce``: emit each bucket's consecutive tiles of one request as a single run, so the
+    kernel streams it in one pipelined loop (the balance is the same; only the T-granular
+    tile boundaries that no bucket cut falls on disappear).
     """
     lens = np.ascontiguousarray(seq_lens, dtype=np.int64).reshape(-1)
     if lens.size and int(lens.min()) < 1:
@@ -86,7 +96,7 @@ def plan_decode_tiles(
     if tile_size < 1 or num_buckets < 1 or num_splits < 1:
         raise ValueError("tile_size, num_buckets and num_splits must be >= 1")
     if mode == "balanced":
-        return _plan_balanced(lens, num_buckets, tile_size, tile_overhead)
+        return _plan_balanced(lens, num_buckets, tile_size, tile_overhead, coalesce)
     if mode == "static":
         return _plan_static(lens, num_splits, tile_overhead)
     if mode == "none":
@@ -103,10 +113,12 @@ def _plan_static(lens: np.ndarray, num_splits: int, overhead: int) -> TilePlan:
     idx = np.arange(req.size) - first[req]
     start = idx * chunk[req]
     end = np.minimum(start + chunk[req], lens[req])
-    return _pack(req, start, end, np.arange(req.size + 1), first, splits, overhead)
+    return _pack(req, start, end, np.arange(req.size + 1), first, splits, overhead, int(chunk.max(initial=1)))
 
 
-def _plan_balanced(lens: np.ndarray, num_buckets: int, tile: int, overhead: int) -> TilePlan:
+def _plan_balanced(
+    lens: np.ndarray, num_buckets: int, tile: int, overhead: int, coalesce: bool
+) -> TilePlan:
     # Request level (O(batch)): longest first, each natural tile costs overhead + its tokens.
     order = (-lens).argsort(kind="stable")
     lens_s = lens[order]
@@ -123,10 +135,13 @@ def _plan_balanced(lens: np.ndarray, num_buckets: int, tile: int, overhead: int)
     o = x - (v_end[r] - lens_s[r] - overhead * n_nat[r])
     j = o // (tile + overhead)
     cut = tok0[r] + j * tile + np.maximum(o - j * (tile + overhead) - overhead, 0)
-    # Boundaries (O(tiles)): every natural tile start, plus the cuts that fall inside a tile.
-    nat_first = n_nat.cumsum() - n_nat
-    g = np.repeat(tok0 - nat_first * tile, n_nat) + np.arange(int(n_nat.sum()), dtype=np.int64) * tile
-    req_pos = np.repeat(np.arange(lens.size), n_nat)
+    # Boundaries: request starts (plus every T-tile start unless coalescing), plus the cuts.
+    if coalesce:
+        g, req_pos = tok0.copy(), np.arange(lens.size)
+    else:
+        nat_first = n_nat.cumsum() - n_nat
+        g = np.repeat(tok0 - nat_first * tile, n_nat) + np.arange(int(n_nat.sum()), dtype=np.int64) * tile
+        req_pos = np.repeat(np.arange(lens.size), n_nat)
     pos = g.searchsorted(cut)
     inside = g[np.minimum(pos, g.size - 1)] != cut
     if inside.any():  # splice the cuts in (np.insert, without its per-call overhead)
@@ -149,10 +164,10 @@ def _plan_balanced(lens: np.ndarray, num_buckets: int, tile: int, overhead: int)
     bucket_ptr = np.full(num_buckets + 1, g.size, dtype=np.int64)
     bucket_ptr[0] = 0
     bucket_ptr[1:used] = g.searchsorted(cut)
-    return _pack(order[req_pos], g - base, end - base, bucket_ptr, first, num, overhead)
+    return _pack(order[req_pos], g - base, end - base, bucket_ptr, first, num, overhead, tile)
 
 
-def _pack(req, start, end, bucket_ptr, first, num, overhead: int) -> TilePlan:  # type: ignore[no-untyped-def]
+def _pack(req, start, end, bucket_ptr, first, num, overhead: int, tile: int) -> TilePlan:  # type: ignore[no-untyped-def]
     i32 = np.int32
     return TilePlan(
         tile_req=req.astype(i32),
@@ -162,6 +177,7 @@ def _pack(req, start, end, bucket_ptr, first, num, overhead: int) -> TilePlan:  
         req_first_tile=first.astype(i32),
         req_num_tiles=num.astype(i32),
         tile_overhead=overhead,
+        tile_size=tile,
     )
 
 

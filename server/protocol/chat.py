@@ -88,7 +88,11 @@ def chat_logprob_entry(token: str, logprob: float, top: list[tuple[str, float]])
 
 
 def chat_body(
-    request_id: str, created: int, model: str, choices: list[dict[str, Any]], usage: dict[str, int] | None
+    request_id: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    usage: dict[str, int] | None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": request_id,
@@ -104,7 +108,11 @@ def chat_body(
 
 
 def chat_chunk(
-    request_id: str, created: int, model: str, choices: list[dict[str, Any]], usage: dict[str, int] | None = None
+    request_id: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    usage: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": request_id,

@@ -86,7 +86,11 @@ def completion_choice(
 
 
 def completion_body(
-    request_id: str, created: int, model: str, choices: list[dict[str, Any]], usage: dict[str, int] | None
+    request_id: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    usage: dict[str, int] | None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": request_id,

@@ -40,7 +40,9 @@ class APIError(Exception):
         self.headers = headers
 
 
-def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+def error_body(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
     """The JSON body of an error response (also sent as the last SSE frame of a failed stream)."""
     kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
@@ -51,10 +53,19 @@ def error_response(err: APIError) -> JSONResponse:
     return JSONResponse(body, status_code=err.status, headers=err.headers)
 
 
-def _validation_param(loc: tuple[Any, ...]) -> str | None:
-    """``("body", "messages", 0, "role")`` -> ``"messages.0.role"``."""
-    parts = [str(p) for p in loc if p != "body"]
-    return ".".join(parts) or None
+_TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _validation_path(loc: tuple[Any, ...]) -> list[str]:
+    """``("body", "prompt", "list[int]", 0)`` -> ``["prompt", "0"]``: the field path, without
+    the "body" root and the union-branch names pydantic puts in it."""
+    parts = []
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        text = str(part)
+        if "[" in text or text in _TYPE_NAMES or text.startswith("function-"):
+            continue
+        parts.append(text)
+    return parts
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -67,12 +78,13 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, err: RequestValidationError) -> JSONResponse:
         first = err.errors()[0] if err.errors() else {"loc": (), "msg": "invalid request"}
-        param = _validation_param(tuple(first.get("loc", ())))
+        path = _validation_path(tuple(first.get("loc", ())))
+        param = path[0] if path else None  # the request's own field, as OpenAI names it
         if first.get("type") == "json_invalid":
             message = f"request body is not valid JSON: {first.get('ctx', {}).get('error', '')}"
             param = None
         else:
-            message = f"{param}: {first['msg']}" if param else str(first["msg"])
+            message = f"{'.'.join(path)}: {first['msg']}" if path else str(first["msg"])
         return error_response(APIError(400, message, param=param))
 
     @app.exception_handler(StarletteHTTPException)

@@ -55,7 +55,9 @@ class SamplingRequest(BaseModel):
 
     def check_stream_options(self) -> None:
         if self.stream_options is not None and not self.stream:
-            raise APIError(400, "stream_options is only allowed with stream: true", "stream_options")
+            raise APIError(
+                400, "stream_options is only allowed with stream: true", "stream_options"
+            )
 
     def sampling_params(
         self,
@@ -117,7 +119,9 @@ def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, flo
         try:
             token_id = int(key)
         except ValueError:
-            raise APIError(400, f"logit_bias keys must be token ids, got {key!r}", "logit_bias") from None
+            raise APIError(
+                400, f"logit_bias keys must be token ids, got {key!r}", "logit_bias"
+            ) from None
         _token_ids([token_id], vocab_size, "logit_bias")
         if not -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT:
             raise APIError(

@@ -43,7 +43,13 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     request_id = new_request_id("cmpl")
     generation = start_generation(state, request_id, params, encode)
     view = CompletionView(
-        request_id, state.served_model_name, prompts, params.n, body.echo, body.logprobs is not None,
+        request_id,
+        state.served_model_name,
+        prompts,
+        generation.prompts,
+        params.n,
+        body.echo,
+        body.logprobs is not None,
         TokenTexts(engine.tokenizer),
     )
     return await respond(
@@ -76,6 +82,7 @@ class CompletionView:
         request_id: str,
         model: str,
         prompts: list[str | list[int]],
+        prompt_ids: list[list[int]],
         n: int,
         echo: bool,
         want_logprobs: bool,
@@ -85,19 +92,27 @@ class CompletionView:
         self.model = model
         self.created = int(time.time())
         self.prompts = prompts
+        self.prompt_ids = prompt_ids
         self.n = n
         self.echo = echo
         self.want_logprobs = want_logprobs
         self.token_text = token_text
         self.choices = [ChoiceState() for _ in range(len(prompts) * n)]
-        self.num_prompt_tokens = 0
+        self.num_prompt_tokens = sum(len(ids) for ids in prompt_ids)
         self._seen_prompts: set[int] = set()
 
-    def _chunk(self, choices: list[dict[str, Any]], usage_: dict[str, int] | None = None) -> dict[str, Any]:
+    def _chunk(
+        self, choices: list[dict[str, Any]], usage_: dict[str, int] | None = None
+    ) -> dict[str, Any]:
         return completion_body(self.request_id, self.created, self.model, choices, usage_)
 
-    def _logprobs(self, state: ChoiceState, tokens: list[str], lps: list[float | None],
-                  tops: list[dict[str, float] | None]) -> dict[str, Any] | None:
+    def _logprobs(
+        self,
+        state: ChoiceState,
+        tokens: list[str],
+        lps: list[float | None],
+        tops: list[dict[str, float] | None],
+    ) -> dict[str, Any] | None:
         if not self.want_logprobs:
             return None
         part = completion_logprobs(tokens, lps, tops, state.offset)
@@ -110,11 +125,10 @@ class CompletionView:
     def _on_prompt(self, prompt_index: int, output: RequestOutput) -> list[dict[str, Any]]:
         """First output of a prompt: count its tokens, and with ``echo``, its text first."""
         self._seen_prompts.add(prompt_index)
-        self.num_prompt_tokens += len(output.prompt_token_ids)
         if not self.echo:
             return []
         prompt = self.prompts[prompt_index]
-        ids = output.prompt_token_ids
+        ids = self.prompt_ids[prompt_index]
         text = prompt if isinstance(prompt, str) else self.token_text.tokenizer.decode(ids)
         entries: list[Logprob | None] = list(output.prompt_logprobs or [None] * len(ids))
         tokens = [self.token_text(i) for i in ids]
@@ -157,7 +171,9 @@ class CompletionView:
     def _usage(self) -> dict[str, int]:
         return usage(self.num_prompt_tokens, sum(c.num_tokens for c in self.choices))
 
-    async def stream(self, generation: Generation, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+    async def stream(
+        self, generation: Generation, include_usage: bool
+    ) -> AsyncIterator[dict[str, Any]]:
         async with generation:
             async for prompt_index, output in generation:
                 for part in self._parts(prompt_index, output):
@@ -177,6 +193,12 @@ class CompletionView:
         for index, state in enumerate(self.choices):
             logprobs = None
             if self.want_logprobs:
-                logprobs = completion_logprobs(state.tokens, state.token_logprobs, state.top_logprobs, 0)
-            choices.append(completion_choice(index, "".join(state.text), logprobs, state.finish_reason or "length"))
+                logprobs = completion_logprobs(
+                    state.tokens, state.token_logprobs, state.top_logprobs, 0
+                )
+            choices.append(
+                completion_choice(
+                    index, "".join(state.text), logprobs, state.finish_reason or "length"
+                )
+            )
         return self._chunk(choices, self._usage())

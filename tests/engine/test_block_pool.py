@@ -87,7 +87,10 @@ def test_block_hashes_chain_over_the_whole_prefix_and_skip_partial_blocks() -> N
     hashes: list[bytes] = []
     tokens = [1, 2, 3, 4, 5, 6, 7]
     extend_block_hashes(hashes, tokens, block_size=3, num_tokens=7)
-    assert hashes == [hash_block(None, [1, 2, 3]), hash_block(hash_block(None, [1, 2, 3]), [4, 5, 6])]
+    assert hashes == [
+        hash_block(None, [1, 2, 3]),
+        hash_block(hash_block(None, [1, 2, 3]), [4, 5, 6]),
+    ]
     first = hashes[0]
     extend_block_hashes(hashes, tokens + [8, 9], block_size=3, num_tokens=9)
     assert len(hashes) == 3 and hashes[0] is first  # only new blocks are hashed

@@ -73,7 +73,9 @@ def _metaspace_tokenizer() -> PreTrainedTokenizerFast:
     backend.pre_tokenizer = pre_tokenizers.Metaspace()
     backend.decoder = decoders.Metaspace()
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="</s>", unk_token="<unk>",
+        tokenizer_object=backend,
+        eos_token="</s>",
+        unk_token="<unk>",
         clean_up_tokenization_spaces=False,
     )
 

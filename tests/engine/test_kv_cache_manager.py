@@ -10,7 +10,9 @@ from tests.factories import make_request
 BS = 4
 
 
-def _compute(kv: KVCacheManager, request: Request, num_tokens: int, cached: list[int] | None = None) -> None:
+def _compute(
+    kv: KVCacheManager, request: Request, num_tokens: int, cached: list[int] | None = None
+) -> None:
     """Allocate and pretend the step computed ``num_tokens`` more tokens."""
     start = len(cached or []) * BS if cached else request.num_computed_tokens
     assert kv.allocate_slots(request, num_tokens, cached)
@@ -63,6 +65,17 @@ def test_same_prompt_hits_full_blocks_and_shares_them() -> None:
     assert [kv.pool.ref_count(b) for b in shared] == [1, 1, 1]
     kv.free("second")
     assert kv.num_free_blocks == kv.num_total_blocks
+
+
+def test_a_freed_request_is_evicted_tail_first() -> None:
+    kv = KVCacheManager(num_blocks=6, block_size=BS)  # 5 usable
+    _compute(kv, make_request("a", list(range(12))), 12)  # three full, cached blocks
+    table = kv.block_table("a")
+    kv.free("a")
+    # Its last block is the least likely to be shared, so it goes first.
+    assert kv.pool.free_order()[-3:] == table[::-1]
+    assert kv.get_computed_blocks(make_request("b", list(range(9))))[1] == 8
+    kv.free("b")
 
 
 def test_a_hit_never_covers_the_last_prompt_token() -> None:
@@ -127,4 +140,18 @@ def test_disabled_prefix_caching_never_hits_or_counts() -> None:
     assert kv.prefix_stats.queries == 0
     assert all(kv.pool.block_hash(b) is None for b in range(1, 16))
     kv.free("first")
+    assert kv.num_free_blocks == kv.num_total_blocks
+
+
+def test_a_request_wanting_prompt_logprobs_computes_its_whole_prompt() -> None:
+    kv = KVCacheManager(num_blocks=16, block_size=BS)
+    prompt = list(range(10))
+    _compute(kv, make_request("first", prompt), 10)
+    echo = make_request("echo", prompt, prompt_logprobs=0)
+    assert not kv.takes_prefix_hits(echo)
+    assert kv.get_computed_blocks(echo) == ([], 0)
+    _compute(kv, echo, 10)  # its own full blocks are still published (first copy wins)
+    assert kv.get_computed_blocks(make_request("later", prompt))[1] == 8
+    for rid in ("first", "echo", "later"):
+        kv.free(rid)
     assert kv.num_free_blocks == kv.num_total_blocks

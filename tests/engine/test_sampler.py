@@ -8,16 +8,19 @@ import pytest
 import torch
 
 from engine.request import Request
-from engine.sampler import Sampler, apply_top_k_top_p, process_logits
-from engine.sampling_metadata import SamplingMetadata, check_token_ids
+from engine.sampler import Sampler, apply_top_k_top_p, process_logits, truncate
+from engine.sampling_metadata import SamplingMetadata, TruncationTensors, check_token_ids
 from engine.sampling_params import SamplingParams, SamplingParamsError
 
 V = 8
 
 
 def req(
-    rid: str = "r", prompt: list[int] | None = None, output: list[int] | None = None,
-    eos: int | None = None, **params: Any,
+    rid: str = "r",
+    prompt: list[int] | None = None,
+    output: list[int] | None = None,
+    eos: int | None = None,
+    **params: Any,
 ) -> Request:
     return Request(
         request_id=rid,
@@ -67,6 +70,22 @@ def test_top_k_keeps_exactly_k() -> None:
     assert seen == top3
 
 
+def test_topk_fast_path_matches_the_sort() -> None:
+    logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(4))
+    ks = torch.tensor([1, 5, 17, 300, 2, 60])
+    fast = truncate(logits, TruncationTensors(torch.arange(6), ks, 300, None))
+    assert torch.equal(fast, apply_top_k_top_p(logits, ks, None))
+    assert (torch.isfinite(fast).sum(-1) == ks).all()
+
+
+def test_top_k_and_top_p_together() -> None:
+    probs = torch.tensor([[0.05, 0.5, 0.15, 0.3]])
+    out = apply_top_k_top_p(probs.log(), torch.tensor([1]), torch.tensor([0.9]))
+    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [1]
+    out = apply_top_k_top_p(probs.log(), torch.tensor([3]), torch.tensor([0.7]))
+    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [1, 3]
+
+
 def test_top_p_keeps_the_minimal_nucleus() -> None:
     probs = torch.tensor([[0.05, 0.5, 0.15, 0.3]])
     for p, kept in ((0.45, {1}), (0.75, {1, 3}), (0.85, {1, 2, 3}), (1.0, {0, 1, 2, 3})):
@@ -87,7 +106,10 @@ def test_min_p_threshold() -> None:
 def test_logit_bias_forces_and_bans() -> None:
     logits = torch.zeros(2, V)
     logits[:, 0] = 10.0
-    m = meta(req(temperature=0.0, logit_bias={5: 100.0}), req(temperature=0.0, logit_bias={0: -100.0, 3: 0.5}))
+    m = meta(
+        req(temperature=0.0, logit_bias={5: 100.0}),
+        req(temperature=0.0, logit_bias={0: -100.0, 3: 0.5}),
+    )
     processed = process_logits(logits.clone(), m)
     expected = logits.clone()
     expected[0, 5] += 100.0
@@ -155,7 +177,9 @@ def test_seeded_row_ignores_batch_composition() -> None:
         sampler, picked = Sampler(engine_seed), []
         rows = [req(rid, seed=1234) if rid == "seeded" else req(rid) for rid in layout]
         for step in range(steps):
-            batch = torch.stack([logits[step] if rid == "seeded" else torch.randn(vocab) for rid in layout])
+            batch = torch.stack(
+                [logits[step] if rid == "seeded" else torch.randn(vocab) for rid in layout]
+            )
             out = sampler.sample(batch, SamplingMetadata.build(rows, vocab, "cpu"))
             picked.append(out.token_ids[layout.index("seeded")])
         return picked
@@ -196,8 +220,9 @@ def test_metadata_skips_unused_tensors() -> None:
     m = meta(req(temperature=0.0), req(temperature=0.0))
     assert m.all_greedy and m.temperature is None and m.penalties is None
     assert m.logit_bias is None and m.banned is None and m.max_num_logprobs is None
-    m = meta(req(top_k=2), req(presence_penalty=1.0))
-    assert m.top_p is None and m.min_p is None and m.top_k is not None
-    assert m.top_k.tolist() == [2, V]
+    m = meta(req(top_k=2), req(presence_penalty=1.0), req(top_p=0.5, temperature=0.0))
+    assert m.min_p is None and m.truncation is not None  # the greedy row's top_p is moot
+    assert m.truncation.rows.tolist() == [0] and m.truncation.top_p is None
+    assert m.truncation.top_k is not None and m.truncation.top_k.tolist() == [2]
     assert m.penalties is not None and m.penalties.rows.tolist() == [1]
     assert m.penalties.repetition is None

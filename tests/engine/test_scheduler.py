@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine.request import RequestStatus
+from engine.scheduler.output import SchedulerOutput
 from tests.factories import (
     FakeModel,
     assert_all_free,
@@ -16,8 +17,8 @@ from tests.factories import (
 )
 
 
-def _ids(out: object) -> list[tuple[str, int]]:
-    return [(s.request_id, s.num_new_tokens) for s in out.scheduled]  # type: ignore[attr-defined]
+def _ids(out: SchedulerOutput) -> list[tuple[str, int]]:
+    return [(s.request_id, s.num_new_tokens) for s in out.scheduled]
 
 
 def test_add_request_rejects_what_could_never_run() -> None:
@@ -108,12 +109,18 @@ def test_prefix_hits_are_counted_and_shared_blocks_ref_counted() -> None:
     sched = make_scheduler(block_size=4)
     model = FakeModel(sched)
     shared = list(range(500, 512))  # three full blocks
-    a, b = make_request("a", shared + [1, 2], max_tokens=4), make_request("b", shared + [3], max_tokens=4)
+    a, b = (
+        make_request("a", shared + [1, 2], max_tokens=4),
+        make_request("b", shared + [3], max_tokens=4),
+    )
     sched.add_request(a)
     model.step()
     sched.add_request(b)
     out = model.step()
-    assert [(s.request_id, s.start, s.num_new_tokens) for s in out.scheduled] == [("a", 14, 1), ("b", 12, 1)]
+    assert [(s.request_id, s.start, s.num_new_tokens) for s in out.scheduled] == [
+        ("a", 14, 1),
+        ("b", 12, 1),
+    ]
     assert b.num_cached_tokens == 12 and a.num_cached_tokens == 0
     table_a, table_b = sched.kv_cache.block_table("a"), sched.kv_cache.block_table("b")
     assert table_a[:3] == table_b[:3] and table_a[3] != table_b[3]
@@ -185,6 +192,24 @@ def test_preemption_under_a_tiny_pool_and_every_request_still_finishes() -> None
     for r in reqs:
         assert r.status == RequestStatus.FINISHED_LENGTH
         assert r.output_token_ids == expected_output(r)
+    assert_all_free(sched)
+
+
+def test_waiting_requests_are_admitted_first_come_first_served() -> None:
+    sched = make_scheduler(num_blocks=9, block_size=4)  # 8 usable blocks
+    model = FakeModel(sched)
+    big, blocked, small = (
+        make_request("big", 20, 8),
+        make_request("blocked", 16, 4),
+        make_request("small", 3, 1),
+    )
+    sched.add_request(big)
+    model.step()  # big holds 5 blocks; 3 are left
+    sched.add_request(blocked)
+    sched.add_request(small)
+    assert _ids(model.step()) == [("big", 1)]  # small would fit, but must not jump the queue
+    assert [r.request_id for r in sched.waiting] == ["blocked", "small"]
+    model.run()
     assert_all_free(sched)
 
 

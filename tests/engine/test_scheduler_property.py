@@ -42,7 +42,9 @@ arrivals = st.builds(
 )
 
 
-@settings(max_examples=80, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=80, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(
     workload=st.lists(arrivals, min_size=1, max_size=12),
     block_size=st.sampled_from([1, 2, 4]),
@@ -65,7 +67,9 @@ def test_random_workloads_keep_invariants_and_all_finish(
     model = FakeModel(sched)
     # Largest prompt + max_tokens the scheduler accepts: the whole cache, and without
     # chunking, the token budget (+1: the last token's KV is never computed).
-    longest = (num_blocks - 1) * block_size if chunked else min((num_blocks - 1) * block_size, budget + 1)
+    longest = (
+        (num_blocks - 1) * block_size if chunked else min((num_blocks - 1) * block_size, budget + 1)
+    )
     requests: list[tuple[Request, Arrival]] = []
     by_step: dict[int, list[Arrival]] = {}
     for arrival in sorted(workload, key=lambda a: a.step):
@@ -94,7 +98,9 @@ def test_random_workloads_keep_invariants_and_all_finish(
             assert request.output_token_ids == expected_output(request)[: request.num_output_tokens]
 
 
-def _make(index: int, arrival: Arrival, earlier: list[tuple[Request, Arrival]], longest: int) -> Request:
+def _make(
+    index: int, arrival: Arrival, earlier: list[tuple[Request, Arrival]], longest: int
+) -> Request:
     """A request for this arrival, trimmed to what the scheduler accepts."""
     sibling_of = None
     prompt = COMMON_PREFIX[: arrival.prefix_len] + arrival.tail

@@ -1,0 +1,58 @@
+"""Combine the partial outputs of a request's tiles by their log-sum-exp (split-KV reduce)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _merge_kernel(
+    out_ptr, part_out_ptr, part_lse_ptr, sched_ptr,
+    stride_ot, stride_oh, first_off, count_off, num_q_heads,
+    HEAD_DIM: tl.constexpr,
+):
+    req = tl.program_id(0)
+    head = tl.program_id(1)
+    count = tl.load(sched_ptr + count_off + req)
+    if count > 1:  # single-tile requests were written by the decode kernel
+        first = tl.load(sched_ptr + first_off + req)
+        offs_d = tl.arange(0, HEAD_DIM)
+        row = first * num_q_heads + head
+        m = tl.load(part_lse_ptr + row)
+        acc = tl.load(part_out_ptr + row * HEAD_DIM + offs_d)
+        l_sum = m * 0.0 + 1.0
+        for i in range(first + 1, first + count):
+            row = i * num_q_heads + head
+            lse = tl.load(part_lse_ptr + row)
+            o = tl.load(part_out_ptr + row * HEAD_DIM + offs_d)
+            m_new = tl.maximum(m, lse)
+            a = tl.exp2(m - m_new)
+            b = tl.exp2(lse - m_new)
+            acc = acc * a + o * b
+            l_sum = l_sum * a + b
+            m = m_new
+        o_ptr = out_ptr + req * stride_ot + head * stride_oh + offs_d
+        tl.store(o_ptr, (acc / l_sum).to(out_ptr.dtype.element_ty))
+
+
+def merge_partials(
+    out: torch.Tensor,
+    part_out: torch.Tensor,
+    part_lse: torch.Tensor,
+    sched: torch.Tensor,
+    *,
+    first_off: int,
+    batch: int,
+) -> None:
+    """out[r, h] = softmax-weighted sum of request r's tile partials (lse in log2 units)."""
+    if part_out.dtype != torch.float32 or part_lse.dtype != torch.float32:
+        raise ValueError("part_out and part_lse must be float32")
+    if part_out.shape[:2] != part_lse.shape or part_out.shape[2] != out.shape[2]:
+        raise ValueError(f"partials {tuple(part_out.shape)} / {tuple(part_lse.shape)} do not match out {tuple(out.shape)}")
+    num_q_heads, head_dim = out.shape[1], out.shape[2]
+    _merge_kernel[(batch, num_q_heads)](
+        out, part_out, part_lse, sched, out.stride(0), out.stride(1),
+        first_off, first_off + batch, num_q_heads, HEAD_DIM=head_dim, num_warps=1,
+    )

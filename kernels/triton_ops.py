@@ -1,0 +1,26 @@
+"""Every Triton op under the names ``dispatch`` uses (imported lazily, on first CUDA tensor)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from kernels.activation import silu_and_mul
+from kernels.attention import paged
+from kernels.attention.decode import DecodeConfig
+from kernels.attention.metadata import AttentionMetadata
+from kernels.kv_store import store_kv
+from kernels.norm import fused_add_rms_norm, rms_norm
+from kernels.rope import apply_rope
+
+__all__ = ["apply_rope", "fused_add_rms_norm", "paged_attention", "rms_norm", "silu_and_mul", "store_kv"]
+
+# TESSEL_DECODE_SPLIT picks a comparison variant: balanced (default) | static | none.
+DECODE_CONFIG = DecodeConfig(mode=os.environ.get("TESSEL_DECODE_SPLIT", "balanced"))  # type: ignore[arg-type]
+
+
+def paged_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, md: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    return paged.paged_attention(q, k_cache, v_cache, md, scale, DECODE_CONFIG)

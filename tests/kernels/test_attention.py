@@ -1,0 +1,104 @@
+"""Paged attention kernels against ``reference.paged_attention``.
+
+CPU cases run Triton's interpreter in fp32/fp16 on tiny shapes; the same cases run on CUDA in
+bf16 (``-m gpu``). Lengths are ragged (1, exactly one block, not multiples of the tile or the
+block), unused cache slots hold NaN, GQA ratios are 1, 4 and 8, head dims 64 and 128.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import reference
+from kernels.attention.decode import DecodeConfig, build_decode_plan, paged_decode
+from kernels.attention.paged import paged_attention
+from kernels.attention.prefill import paged_prefill
+from tests.kernels.factories import make_batch
+
+# (num_q_heads, num_kv_heads, head_dim)
+HEADS = [(2, 2, 64), (8, 2, 128), (8, 1, 64)]
+DECODE_LENS = [1, 16, 37, 100, 5, 64]  # tile 32, block 16 on the CPU
+
+
+def _dtype(device: str, cpu_dtype: torch.dtype) -> torch.dtype:
+    return torch.bfloat16 if device == "cuda" else cpu_dtype
+
+
+def _expected(q, k_cache, v_cache, md, scale):  # type: ignore[no-untyped-def]
+    """The reference in fp32 on the CPU, from the same (rounded) inputs."""
+    md_cpu = type(md)(**{**md.__dict__, "scratch": {}})
+    for name in ("query_start_loc", "seq_lens", "block_tables", "slot_mapping"):
+        setattr(md_cpu, name, getattr(md, name).cpu())
+    return reference.paged_attention(q.float().cpu(), k_cache.float().cpu(), v_cache.float().cpu(), md_cpu, scale)
+
+
+def _tol(dtype: torch.dtype) -> dict[str, float]:
+    return {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=2e-3, rtol=2e-3)}.get(
+        dtype, dict(atol=2e-2, rtol=2e-2)
+    )
+
+
+@pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"q{h[0]}kv{h[1]}d{h[2]}")
+@pytest.mark.parametrize("mode", ["balanced", "per-tile", "static", "none"])
+def test_decode_matches_reference(device: str, heads: tuple[int, int, int], mode: str) -> None:
+    hq, hkv, d = heads
+    dtype = _dtype(device, torch.float32 if hq == hkv else torch.float16)
+    lens = DECODE_LENS if device == "cpu" else [1, 16, 1000, 4099, 129, 7, 2048, 300]
+    q, kc, vc, md = make_batch(lens, [1] * len(lens), num_q_heads=hq, num_kv_heads=hkv,
+                               head_dim=d, block_size=16, dtype=dtype, device=device)
+    tile = 32 if device == "cpu" else 128
+    cfg = DecodeConfig(mode="balanced" if mode == "per-tile" else mode, tile_size=tile,  # type: ignore[arg-type]
+                       num_splits=3, coalesce=mode != "per-tile")
+    plan = build_decode_plan(md.seq_lens, hq, hkv, d, q.device, cfg)
+    if mode in ("balanced", "per-tile"):
+        assert plan.needs_merge and (plan.host.req_num_tiles == 1).any()  # both output paths run
+    out = paged_decode(q, kc, vc, md.block_tables, plan, d**-0.5)
+    torch.testing.assert_close(out.float().cpu(), _expected(q, kc, vc, md, d**-0.5), **_tol(dtype))
+
+
+PREFILL_CASES = {
+    # seq_lens, query_lens: plain prefill, chunked prefill / prefix hit, decode rows mixed in.
+    "prefill": ([1, 16, 45], [1, 16, 45]),
+    "extend": ([37, 80, 16], [5, 33, 16]),
+    "mixed": ([70, 3, 33], [1, 3, 1]),
+}
+
+
+@pytest.mark.parametrize("case", list(PREFILL_CASES))
+@pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"q{h[0]}kv{h[1]}d{h[2]}")
+def test_prefill_matches_reference(device: str, heads: tuple[int, int, int], case: str) -> None:
+    hq, hkv, d = heads
+    if device == "cpu" and (hq, case) == (8, "prefill") and hkv == 1:
+        pytest.skip("covered by the other CPU cases; keeps the interpreter suite short")
+    dtype = _dtype(device, torch.float32 if hq == hkv else torch.float16)
+    seq_lens, q_lens = PREFILL_CASES[case]
+    if device == "cuda":
+        seq_lens, q_lens = [s * 9 + 1 for s in seq_lens], [q * 9 + 1 for q in q_lens]
+    q, kc, vc, md = make_batch(seq_lens, q_lens, num_q_heads=hq, num_kv_heads=hkv,
+                               head_dim=d, block_size=16, dtype=dtype, device=device)
+    out = paged_prefill(q, kc, vc, md, d**-0.5)
+    torch.testing.assert_close(out.float().cpu(), _expected(q, kc, vc, md, d**-0.5), **_tol(dtype))
+
+
+def test_paged_attention_reuses_one_plan_per_step(device: str) -> None:
+    q, kc, vc, md = make_batch([3, 40], [1, 1], num_q_heads=4, num_kv_heads=2, head_dim=64,
+                               block_size=16, dtype=_dtype(device, torch.float32), device=device)
+    first = paged_attention(q, kc, vc, md, 0.125)
+    plans = [v for k, v in md.scratch.items() if isinstance(k, tuple) and k[0] == "decode_plan"]
+    second = paged_attention(q, kc, vc, md, 0.125)
+    assert len(plans) == 1 and len(md.scratch) == 2  # the plan and the int32 block table
+    torch.testing.assert_close(first, second)
+    torch.testing.assert_close(first.float().cpu(), _expected(q, kc, vc, md, 0.125), **_tol(q.dtype))
+
+
+def test_decode_launcher_names_bad_arguments() -> None:
+    q, kc, vc, md = make_batch([3], [1], num_q_heads=4, num_kv_heads=2, head_dim=64,
+                               block_size=16, dtype=torch.float32)
+    plan = build_decode_plan(md.seq_lens, 4, 2, 64, q.device)
+    with pytest.raises(ValueError, match="v_cache"):
+        paged_decode(q, kc, vc.half(), md.block_tables, plan, 0.125)
+    with pytest.raises(ValueError, match="block_tables"):
+        paged_decode(q, kc, vc, md.block_tables.long(), plan, 0.125)
+    with pytest.raises(ValueError, match="multiple of KV heads"):
+        paged_decode(q[:, :3], kc, vc, md.block_tables, plan, 0.125)

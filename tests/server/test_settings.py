@@ -1,0 +1,67 @@
+"""ServerSettings and the CLI: one set of fields for flags, TESSEL_* variables and EngineConfig."""
+
+from __future__ import annotations
+
+import pytest
+
+from config import CacheConfig, SchedulerConfig
+from server.cli import build_parser, settings_from_args
+from server.settings import ServerSettings, field_help
+
+
+def parse(*argv: str) -> ServerSettings:
+    return settings_from_args(build_parser().parse_args(["serve", *argv]))
+
+
+def test_flags_reach_the_engine_config() -> None:
+    settings = parse(
+        "--max-model-len",
+        "256",
+        "--max-num-seqs",
+        "3",
+        "--block-size",
+        "32",
+        "--no-enable-prefix-caching",
+        "--port",
+        "9001",
+        "--api-key",
+        "a",
+        "--api-key",
+        "b",
+    )
+    config = settings.engine_config()
+    assert config.model.max_model_len == 256
+    assert config.scheduler.max_num_seqs == 3
+    assert config.cache.block_size == 32
+    assert config.cache.enable_prefix_caching is False
+    assert (settings.port, settings.api_key) == (9001, ["a", "b"])
+
+
+def test_environment_fills_unset_flags_and_flags_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TESSEL_MAX_NUM_SEQS", "7")
+    monkeypatch.setenv("TESSEL_MAX_QUEUE", "5")
+    monkeypatch.setenv("TESSEL_API_KEY", "k1, k2")
+    settings = parse("--max-queue", "9")
+    assert settings.engine_config().scheduler.max_num_seqs == 7
+    assert settings.max_queue == 9
+    assert settings.api_key == ["k1", "k2"]
+
+
+def test_defaults_are_the_engine_defaults() -> None:
+    config = ServerSettings().engine_config()
+    assert config.cache == CacheConfig()
+    assert config.scheduler == SchedulerConfig()
+
+
+def test_help_is_the_field_docstring() -> None:
+    assert field_help("block_size") == "Tokens per KV-cache block."
+    assert "Tokens per KV-cache block." in " ".join(
+        build_parser()._subparsers._group_actions[0].choices["serve"].format_help().split()  # type: ignore[union-attr]
+    )
+
+
+def test_invalid_values_name_the_field() -> None:
+    with pytest.raises(ValueError, match="block_size"):
+        parse("--block-size", "0")
+    with pytest.raises(SystemExit):
+        parse("--dtype", "int3")
