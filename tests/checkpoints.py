@@ -123,9 +123,8 @@ def write_tiny_gguf(hf_dir: Path, path: Path, *, add_bos_token: bool = False) ->
     writer.add_head_count_kv(n_kv)
     writer.add_key_length(config["head_dim"])
     writer.add_rope_dimension_count(config["head_dim"])
-    rope_theta = (
-        config.get("rope_theta") or config["rope_parameters"]["rope_theta"]
-    )  # transformers 5 nests it
+    # transformers 5 nests rope_theta inside rope_parameters
+    rope_theta = config.get("rope_theta") or config["rope_parameters"]["rope_theta"]
     writer.add_rope_freq_base(rope_theta)
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])

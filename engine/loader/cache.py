@@ -17,9 +17,8 @@ from pathlib import Path
 CACHE_FORMAT = 1
 """Bump when the converted layout changes, so old caches are not reused."""
 
-_HEAD = (
-    16 << 20
-)  # the whole GGUF header (metadata + tensor table) of any model we serve fits in this
+# the whole GGUF header (metadata + tensor table) of any model we serve fits in 16 MiB
+_HEAD = 16 << 20
 _SAMPLES, _SAMPLE = 64, 64 << 10
 
 

@@ -33,7 +33,7 @@ def served_name_of(path: Path) -> str:
 
 
 def load_gguf_checkpoint(path: Path, root: Path) -> Checkpoint:
-    """Warm: open ``root/<content key>`` (~0.5 s). Cold: convert into it first (~5 s for 135M)."""
+    """Warm: open ``root/<content key>`` (~1 s). Cold: convert into it first (~4-6 s for 135M)."""
     cached = root / content_key(path)
     if cached.is_dir():
         try:
@@ -49,9 +49,8 @@ def load_gguf_checkpoint(path: Path, root: Path) -> Checkpoint:
     tokenizer = _gguf_tokenizer(gguf)
     try:
         write_atomically(cached, lambda tmp: _convert(gguf, hf_config, tokenizer, tmp))
-    except (
-        OSError
-    ) as exc:  # read-only home, full disk: serve straight from the GGUF, just slower next time
+    except OSError as exc:
+        # read-only home or full disk: serve straight from the GGUF, just slower next time
         logger.warning(
             "cannot write converted cache %s (%s); loading %s uncached", cached, exc, path
         )

@@ -117,6 +117,8 @@ class _Cursor:
 
 def read_gguf(path: Path) -> GgufFile:
     """Parse ``path``'s header and tensor table; raise ``CheckpointError`` naming it if malformed."""
+    if path.stat().st_size < 24:  # magic, version, two counts; np.memmap also refuses empty files
+        raise CheckpointError(f"{path}: GGUF file is truncated ({path.stat().st_size} bytes)")
     data = np.memmap(path, dtype=np.uint8, mode="r")
     cur = _Cursor(memoryview(data), path)  # type: ignore[arg-type]
     if bytes(cur.buf[:4]) != _MAGIC:

@@ -48,9 +48,8 @@ def iter_gguf_weights(
         proj = name.split(".")[-2]
         if permuted and proj in heads:
             array = unpermute_rows(array, heads[proj])
-        if (
-            not array.flags.writeable or not array.flags.c_contiguous
-        ):  # F32 is a view of the read-only map
+        # F32 comes back as a view of the read-only memory map
+        if not array.flags.writeable or not array.flags.c_contiguous:
             array = np.array(array, dtype=np.float32, order="C")
         yield name, torch.from_numpy(array)
 

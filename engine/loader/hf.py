@@ -66,8 +66,8 @@ def tensor_files(directory: Path) -> dict[Path, list[str]]:
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{index}: not a valid safetensors index ({exc!r})") from None
         files: dict[Path, list[str]] = {}
-        for name, shard in weight_map.items():
-            files.setdefault(directory / shard, []).append(name)
+        for name, shard_name in weight_map.items():
+            files.setdefault(directory / shard_name, []).append(name)
         for shard in files:
             if not shard.is_file():
                 raise CheckpointError(

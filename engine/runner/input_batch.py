@@ -81,6 +81,7 @@ def build_model_inputs(
         max_query_len=int(lens.max()),
         max_seq_len=int(seq_lens.max()),
         block_size=block_size,
+        seq_lens_cpu=torch.from_numpy(seq_lens.astype(np.int32)),
     )
     return ModelInputs(
         input_ids=t(input_ids, torch.long),

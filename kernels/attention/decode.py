@@ -113,7 +113,7 @@ class DecodeConfig:
 
     mode: SplitMode = "balanced"  # balanced | static (FlashDecoding) | none
     tile_size: int = 128  # T: most cached tokens per tile (balanced)
-    waves: int = 2  # balanced grid = waves x SM count programs (rounded to the KV head count)
+    waves: int = 4  # balanced grid = waves x SM count programs (H200 sweep: 4 beat 1, 2 and 8)
     num_splits: int | None = None  # static: splits per request; None picks FlashDecoding's heuristic
     coalesce: bool = True  # balanced: walk a bucket's consecutive tiles of a request as one run
 
@@ -157,11 +157,7 @@ def build_decode_plan(
         num_splits=config.num_splits or static_num_splits(lens.size, num_kv_heads, sms),
         coalesce=config.coalesce,
     )
-    flat = np.concatenate(
-        (host.tile_req, host.tile_start, host.tile_end, host.bucket_ptr,
-         host.req_first_tile, host.req_num_tiles)
-    )
-    sched = torch.from_numpy(flat).to(device, non_blocking=True)
+    sched = torch.from_numpy(host.flat).to(device, non_blocking=True)
     needs_merge = bool((host.req_num_tiles > 1).any())
     rows = host.num_tiles if needs_merge else 1
     part_out = torch.empty(rows, num_q_heads, head_dim, device=device, dtype=torch.float32)
@@ -177,7 +173,8 @@ def decode_plan_for(
     key = ("decode_plan", num_q_heads, num_kv_heads, head_dim, config)
     plan = md.scratch.get(key)  # type: ignore[call-overload]
     if plan is None:
-        plan = build_decode_plan(md.seq_lens, num_q_heads, num_kv_heads, head_dim, device, config)
+        seq_lens = md.seq_lens_cpu if md.seq_lens_cpu is not None else md.seq_lens
+        plan = build_decode_plan(seq_lens, num_q_heads, num_kv_heads, head_dim, device, config)
         md.scratch[key] = plan  # type: ignore[index]
     assert isinstance(plan, DecodePlan)
     return plan

@@ -24,6 +24,8 @@ class AttentionMetadata:
     max_query_len: int  # longest run of new tokens (1 for a pure decode batch)
     max_seq_len: int  # longest context
     block_size: int
+    # seq_lens on the host, so planning a step's decode tiles needs no device-to-host copy.
+    seq_lens_cpu: torch.Tensor | None = None
     # Per-step work the backend computes once and every layer reuses (e.g. the decode tile plan
     # on CUDA, the gather index on the CPU reference path).
     scratch: dict[str, Any] = field(default_factory=dict)

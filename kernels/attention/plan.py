@@ -46,6 +46,8 @@ class TilePlan:
     req_first_tile: np.ndarray  # [batch] index of each request's first tile
     req_num_tiles: np.ndarray  # [batch] tiles per request; 1 means the kernel writes the output
     tile_overhead: int  # token-equivalents charged per T-tile in the loads below
+    tile_size: int  # T, the unit the loads are charged in
+    flat: np.ndarray  # all six arrays above, back to back (they are views of it)
 
     @property
     def num_tiles(self) -> int:
@@ -54,8 +56,6 @@ class TilePlan:
     @property
     def num_buckets(self) -> int:
         return int(self.bucket_ptr.shape[0] - 1)
-
-    tile_size: int  # T, the unit the loads are charged in
 
     def bucket_loads(self) -> np.ndarray:
         """Cost of every bucket: its tokens plus one overhead per (started) T-tile."""
@@ -119,69 +119,74 @@ def _plan_static(lens: np.ndarray, num_splits: int, overhead: int) -> TilePlan:
 def _plan_balanced(
     lens: np.ndarray, num_buckets: int, tile: int, overhead: int, coalesce: bool
 ) -> TilePlan:
+    # Few, whole-array numpy calls: at this size their fixed cost, not the data, is the time.
     # Request level (O(batch)): longest first, each natural tile costs overhead + its tokens.
     order = (-lens).argsort(kind="stable")
     lens_s = lens[order]
-    n_nat = -(-lens_s // tile)
-    v_end = (lens_s + overhead * n_nat).cumsum()  # virtual stream, overhead before each tile
+    n_nat = (lens_s + (tile - 1)) // tile
+    cost = lens_s + overhead * n_nat
+    v_end = cost.cumsum()  # virtual stream: overhead, then tokens, for every natural tile
     tok_end = lens_s.cumsum()  # the same stream counted in tokens only
     tok0 = tok_end - lens_s
     work, total = int(v_end[-1]), int(tok_end[-1])
     # Small batches: do not shred work into tiles much smaller than a tile.
     used = max(1, min(num_buckets, work // (tile // 4 + overhead)))
-    # Cuts (O(buckets)): bucket c starts at virtual ceil(c * work / used); map that to a token.
-    x = (np.arange(1, used, dtype=np.int64) * work + used - 1) // used
+    # Cuts (O(buckets)): bucket c starts at virtual ceil(c * work / used); map that to a token
+    # (a cut inside a tile's overhead moves to the tile's first token).
+    x = (np.arange(1, used, dtype=np.int64) * work + (used - 1)) // used
     r = v_end.searchsorted(x, side="right")
-    o = x - (v_end[r] - lens_s[r] - overhead * n_nat[r])
-    j = o // (tile + overhead)
-    cut = tok0[r] + j * tile + np.maximum(o - j * (tile + overhead) - overhead, 0)
+    j, u = np.divmod(x - (v_end - cost)[r], tile + overhead)
+    cut = tok0[r] + j * tile + np.maximum(u - overhead, 0)
     # Boundaries: request starts (plus every T-tile start unless coalescing), plus the cuts.
     if coalesce:
-        g, req_pos = tok0.copy(), np.arange(lens.size)
+        g = np.concatenate((tok0, cut))
     else:
         nat_first = n_nat.cumsum() - n_nat
-        g = np.repeat(tok0 - nat_first * tile, n_nat) + np.arange(int(n_nat.sum()), dtype=np.int64) * tile
-        req_pos = np.repeat(np.arange(lens.size), n_nat)
-    pos = g.searchsorted(cut)
-    inside = g[np.minimum(pos, g.size - 1)] != cut
-    if inside.any():  # splice the cuts in (np.insert, without its per-call overhead)
-        at = pos[inside] + np.arange(int(inside.sum()))
-        keep = np.ones(g.size + at.size, dtype=bool)
-        keep[at] = False
-        g2, rp2 = np.empty(keep.size, np.int64), np.empty(keep.size, np.int64)
-        g2[keep], g2[at] = g, cut[inside]
-        rp2[keep], rp2[at] = req_pos, r[inside]
-        g, req_pos = g2, rp2
-    end = np.empty_like(g)
-    end[:-1], end[-1] = g[1:], total
-    base = tok0[req_pos]
+        nat = np.repeat(tok0 - nat_first * tile, n_nat) + np.arange(int(n_nat.sum())) * tile
+        g = np.concatenate((nat, cut))
+    g.sort()
+    if g.size > 1:  # a cut on a request start (or another cut) is one boundary, not two
+        keep = np.empty(g.size, dtype=bool)
+        keep[0] = True
+        np.not_equal(g[1:], g[:-1], out=keep[1:])
+        g = g[keep]
+    req_pos = tok0.searchsorted(g, side="right") - 1
     first_pos = g.searchsorted(tok0)
-    num_pos = np.empty_like(first_pos)
-    num_pos[:-1], num_pos[-1] = first_pos[1:] - first_pos[:-1], g.size - first_pos[-1]
-    first = np.empty_like(first_pos)
-    num = np.empty_like(num_pos)
-    first[order], num[order] = first_pos, num_pos
-    bucket_ptr = np.full(num_buckets + 1, g.size, dtype=np.int64)
-    bucket_ptr[0] = 0
-    bucket_ptr[1:used] = g.searchsorted(cut)
-    return _pack(order[req_pos], g - base, end - base, bucket_ptr, first, num, overhead, tile)
+    n = g.size
+    plan = _alloc(n, num_buckets, lens.size, overhead, tile)
+    plan.tile_req[:] = order[req_pos]
+    base = tok0[req_pos]
+    plan.tile_start[:] = g - base
+    plan.tile_end[:-1] = g[1:]
+    plan.tile_end[-1] = total
+    plan.tile_end -= base
+    plan.bucket_ptr[0] = 0
+    plan.bucket_ptr[1:used] = g.searchsorted(cut)
+    plan.bucket_ptr[used:] = n
+    plan.req_first_tile[order] = first_pos
+    num = np.empty_like(first_pos)
+    num[:-1] = first_pos[1:] - first_pos[:-1]
+    num[-1] = n - first_pos[-1]
+    plan.req_num_tiles[order] = num
+    return plan
+
+
+def _alloc(n: int, buckets: int, batch: int, overhead: int, tile: int) -> TilePlan:
+    """A plan whose arrays are views of one int32 buffer (uploaded to the GPU in one copy)."""
+    flat = np.empty(3 * n + buckets + 1 + 2 * batch, dtype=np.int32)
+    a, b = 3 * n + buckets + 1, 3 * n + buckets + 1 + batch
+    views = flat[:n], flat[n : 2 * n], flat[2 * n : 3 * n], flat[3 * n : a], flat[a:b], flat[b:]
+    return TilePlan(*views, tile_overhead=overhead, tile_size=tile, flat=flat)
 
 
 def _pack(req, start, end, bucket_ptr, first, num, overhead: int, tile: int) -> TilePlan:  # type: ignore[no-untyped-def]
-    i32 = np.int32
-    return TilePlan(
-        tile_req=req.astype(i32),
-        tile_start=start.astype(i32),
-        tile_end=end.astype(i32),
-        bucket_ptr=np.asarray(bucket_ptr).astype(i32),
-        req_first_tile=first.astype(i32),
-        req_num_tiles=num.astype(i32),
-        tile_overhead=overhead,
-        tile_size=tile,
-    )
+    plan = _alloc(len(req), len(bucket_ptr) - 1, len(first), overhead, tile)
+    plan.tile_req[:], plan.tile_start[:], plan.tile_end[:] = req, start, end
+    plan.bucket_ptr[:], plan.req_first_tile[:], plan.req_num_tiles[:] = bucket_ptr, first, num
+    return plan
 
 
-def default_num_buckets(num_sms: int, num_kv_heads: int, waves: int = 2) -> int:
+def default_num_buckets(num_sms: int, num_kv_heads: int, waves: int = 4) -> int:
     """Buckets per KV head so that buckets x KV heads is a multiple of the SM count."""
     per = num_sms // math.gcd(num_sms, num_kv_heads)  # buckets * heads == lcm(sms, heads)
     return per * max(1, waves * num_sms // (per * num_kv_heads) or 1)

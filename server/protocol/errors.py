@@ -77,7 +77,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, err: RequestValidationError) -> JSONResponse:
-        first = err.errors()[0] if err.errors() else {"loc": (), "msg": "invalid request"}
+        errors = err.errors()
+        first: dict[str, Any] = dict(errors[0]) if errors else {"loc": (), "msg": "invalid request"}
         path = _validation_path(tuple(first.get("loc", ())))
         param = path[0] if path else None  # the request's own field, as OpenAI names it
         if first.get("type") == "json_invalid":
@@ -89,7 +90,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, err: StarletteHTTPException) -> JSONResponse:
-        return error_response(APIError(err.status_code, str(err.detail), headers=err.headers))
+        headers = dict(err.headers) if err.headers else None
+        return error_response(APIError(err.status_code, str(err.detail), headers=headers))
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, err: Exception) -> JSONResponse:

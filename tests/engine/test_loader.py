@@ -172,9 +172,8 @@ def test_dummy_of_a_directory_keeps_its_tokenizer(tmp_path: Path) -> None:
     ckpt = load_checkpoint(ModelConfig(model=str(directory), load_format="dummy"))
     assert ckpt.tokenizer is not None and len(ckpt.tokenizer) == ckpt.hf_config["vocab_size"]
     assert {n: tuple(w.shape) for n, w in ckpt.weights()} == expected_shapes(ckpt.hf_config)
-    assert "model.layers.0.self_attn.q_proj.bias" in expected_shapes(
-        ckpt.hf_config
-    )  # Qwen2's qkv bias
+    # Qwen2 always has q/k/v biases, though its config has no flag for them
+    assert "model.layers.0.self_attn.q_proj.bias" in expected_shapes(ckpt.hf_config)
 
 
 def test_default_model_path_missing_package(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -203,6 +202,8 @@ def test_truncated_gguf(tmp_path: Path) -> None:
     path = tmp_path / "cut.gguf"
     with default_model_path().open("rb") as f:
         path.write_bytes(f.read(1 << 20))
+    expect_error(ModelConfig(model=str(path), cache_dir=str(tmp_path / "c")), path, "truncated")
+    path.write_bytes(b"")
     expect_error(ModelConfig(model=str(path), cache_dir=str(tmp_path / "c")), path, "truncated")
 
 

@@ -1,0 +1,432 @@
+"""Serving benchmark for any OpenAI-compatible server, and Tessel's HTTP overhead.
+
+Load mode: random prompts of given lengths, streamed, arriving as a Poisson process at
+``--request-rate`` (inf: all at once) and/or capped at ``--max-concurrency``. Reports TTFT,
+TPOT, ITL and end-to-end latency (mean, p50, p90, p99), request and token throughput, and
+goodput under SLOs, with the definitions of vLLM's serving benchmark:
+  TTFT  send -> first chunk with text;   ITL  each gap between chunks with text;
+  TPOT  (e2e - TTFT) / (output tokens - 1) per request;   goodput  requests/s meeting every SLO.
+
+    python benchmarks/serve.py --base-url http://127.0.0.1:8000 --num-prompts 64 --request-rate 4
+
+Overhead mode: starts ``tessel serve``, sends ``--concurrency`` streams through HTTP, then
+runs the same requests through the offline ``engine.LLM`` in this process; prints both
+output-token throughputs and their ratio (Tessel's target: HTTP >= 90% of offline).
+
+    python benchmarks/serve.py --overhead --concurrency 32 --input-len 64 --output-len 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "seven",
+    "wizards",
+    "quietly",
+    "judge",
+    "boxing",
+    "matches",
+]
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass
+class RequestResult:
+    """One streamed request as the client saw it (seconds, from its send)."""
+
+    ok: bool
+    prompt_len: int
+    output_tokens: int = 0
+    ttft: float = 0.0
+    latency: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    text: str = ""
+    error: str = ""
+
+    @property
+    def tpot(self) -> float:
+        return (
+            (self.latency - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else 0.0
+        )
+
+
+def make_prompts(n: int, input_len: int, range_ratio: float, seed: int, as_text: bool) -> list[Any]:
+    """Token-id prompts (exact lengths; ids in [1000, 10000) avoid special tokens of common
+    vocabularies) or, with ``as_text``, that many random words."""
+    rng = random.Random(seed)
+    lo, hi = max(1, int(input_len * (1 - range_ratio))), max(1, int(input_len * (1 + range_ratio)))
+    lengths = [rng.randint(lo, hi) for _ in range(n)]
+    if as_text:
+        return [" ".join(rng.choice(WORDS) for _ in range(k)) for k in lengths]
+    return [[rng.randrange(1000, 10000) for _ in range(k)] for k in lengths]
+
+
+def request_body(args: argparse.Namespace, prompt: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": args.model,
+        "max_tokens": args.output_len,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if args.endpoint == "chat":
+        return {**body, "messages": [{"role": "user", "content": prompt}]}
+    return {**body, "prompt": prompt}
+
+
+async def send(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], prompt_len: int
+) -> RequestResult:
+    """Stream one request, timing every chunk that carries text."""
+    result = RequestResult(ok=False, prompt_len=prompt_len)
+    start = last = time.perf_counter()
+    chunks = 0
+    try:
+        async with client.stream("POST", url, json=body) as response:
+            if response.status_code != 200:
+                result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    result.output_tokens = chunk["usage"]["completion_tokens"]
+                for choice in chunk.get("choices", []):
+                    text = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+                    if not text:
+                        continue
+                    now = time.perf_counter()
+                    if chunks == 0:
+                        result.ttft = now - start
+                    else:
+                        result.itl.append(now - last)
+                    last, chunks = now, chunks + 1
+                    result.text += text
+        result.latency = time.perf_counter() - start
+        result.output_tokens = result.output_tokens or chunks
+        result.ok = chunks > 0
+    except (httpx.HTTPError, json.JSONDecodeError) as err:
+        result.error = f"{type(err).__name__}: {err}"
+    return result
+
+
+async def run_load(
+    args: argparse.Namespace, prompts: list[Any]
+) -> tuple[list[RequestResult], float]:
+    """Send every prompt: Poisson arrivals at ``request_rate``, at most ``max_concurrency`` open."""
+    path = "/v1/chat/completions" if args.endpoint == "chat" else "/v1/completions"
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    limit = args.max_concurrency or len(prompts)
+    gate = asyncio.Semaphore(limit)
+    rng = random.Random(args.seed + 1)
+    limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
+    async with httpx.AsyncClient(
+        base_url=args.base_url, headers=headers, timeout=None, limits=limits
+    ) as client:
+
+        async def one(prompt: Any) -> RequestResult:
+            async with gate:
+                n = len(prompt) if isinstance(prompt, list) else len(prompt.split())
+                return await send(client, path, request_body(args, prompt), n)
+
+        start = time.perf_counter()
+        tasks = []
+        for prompt in prompts:
+            tasks.append(asyncio.create_task(one(prompt)))
+            if args.request_rate != float("inf"):
+                await asyncio.sleep(rng.expovariate(args.request_rate))
+        results = await asyncio.gather(*tasks)
+    return list(results), time.perf_counter() - start
+
+
+def describe(values: list[float], scale: float = 1000.0) -> dict[str, float]:
+    """Mean and percentiles, in milliseconds by default."""
+    if not values:
+        return {"mean": 0.0, **{f"p{p}": 0.0 for p in PERCENTILES}}
+    ordered = sorted(values)
+    pick = {
+        f"p{p}": ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))] * scale
+        for p in PERCENTILES
+    }
+    return {"mean": statistics.fmean(values) * scale, **pick}
+
+
+def summarize(
+    results: list[RequestResult], duration: float, slo_ms: dict[str, float]
+) -> dict[str, Any]:
+    ok = [r for r in results if r.ok]
+    output = sum(r.output_tokens for r in ok)
+    good = [
+        r
+        for r in ok
+        if r.ttft * 1000 <= slo_ms.get("ttft", float("inf"))
+        and r.tpot * 1000 <= slo_ms.get("tpot", float("inf"))
+        and r.latency * 1000 <= slo_ms.get("e2el", float("inf"))
+    ]
+    return {
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "errors": sorted({r.error for r in results if not r.ok})[:5],
+        "duration_s": duration,
+        "request_throughput": len(ok) / duration,
+        "output_throughput": output / duration,
+        "total_token_throughput": (output + sum(r.prompt_len for r in ok)) / duration,
+        "goodput": len(good) / duration if slo_ms else None,
+        "slo_ms": slo_ms,
+        "ttft_ms": describe([r.ttft for r in ok]),
+        "tpot_ms": describe([r.tpot for r in ok if r.output_tokens > 1]),
+        "itl_ms": describe([gap for r in ok for gap in r.itl]),
+        "e2el_ms": describe([r.latency for r in ok]),
+    }
+
+
+def print_summary(s: dict[str, Any]) -> None:
+    print(f"completed {s['completed']}  failed {s['failed']}  in {s['duration_s']:.2f} s")
+    print(
+        f"request throughput {s['request_throughput']:.2f} req/s   output {s['output_throughput']:.1f} tok/s   "
+        f"total {s['total_token_throughput']:.1f} tok/s"
+        + (f"   goodput {s['goodput']:.2f} req/s" if s["goodput"] is not None else "")
+    )
+    print(f"{'ms':>6} {'mean':>9} " + " ".join(f"{'p' + str(p):>9}" for p in PERCENTILES))
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
+        row = s[key]
+        print(
+            f"{key[:-3].upper():>6} {row['mean']:9.1f} "
+            + " ".join(f"{row[f'p{p}']:9.1f}" for p in PERCENTILES)
+        )
+    for error in s["errors"]:
+        print("error:", error)
+
+
+def plot(results: list[RequestResult], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.5))
+    for ax, (name, values) in zip(
+        axes,
+        [
+            ("TTFT (ms)", [r.ttft * 1000 for r in results if r.ok]),
+            ("ITL (ms)", [g * 1000 for r in results if r.ok for g in r.itl]),
+            ("E2E latency (ms)", [r.latency * 1000 for r in results if r.ok]),
+        ],
+        strict=True,
+    ):
+        ax.hist(values, bins=40)
+        ax.set_xlabel(name)
+    fig.tight_layout()
+    fig.savefig(path)
+    return True
+
+
+class TesselServer:
+    """``tessel serve`` in a subprocess on a free loopback port, until the block ends."""
+
+    def __init__(self, flags: dict[str, Any], log_path: Path) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{port}"
+        cmd = [
+            sys.executable,
+            "-m",
+            "server.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ]
+        cmd += [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]
+        self.log_path = log_path
+        with log_path.open("wb") as log:
+            self.process = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+    def __enter__(self) -> TesselServer:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"tessel serve exited:\n{self.log_path.read_text()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.base_url}/ready", timeout=1).status_code == 200:
+                    return self
+            time.sleep(0.5)
+        raise RuntimeError("tessel serve not ready after 300 s")
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def overhead(args: argparse.Namespace) -> dict[str, Any]:
+    """The same requests through ``tessel serve`` (HTTP, streaming) and the offline engine."""
+    from engine import LLM, SamplingParams
+    from server.settings import ServerSettings
+
+    prompts = make_prompts(args.concurrency, args.input_len, 0.0, args.seed, as_text=False)
+    warm = make_prompts(4, 16, 0.0, args.seed + 7, as_text=False)
+    flags = {"max_model_len": args.max_model_len, "max_num_seqs": max(args.concurrency, 1)}
+    log_path = Path(args.result_dir) / "overhead-server.log"
+    with TesselServer(flags, log_path) as server:
+        args.base_url, args.max_concurrency = server.base_url, args.concurrency
+        args.request_rate, args.endpoint = float("inf"), "completions"
+        asyncio.run(run_load(args, warm))
+        results, duration = asyncio.run(run_load(args, prompts))
+    http = summarize(results, duration, {})
+
+    llm = LLM(config=ServerSettings(**flags).engine_config())
+    params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+    llm.generate(warm, params)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    offline_s = time.perf_counter() - start
+    offline_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    same = sum(r.text == o.outputs[0].text for r, o in zip(results, outs, strict=True))
+    offline_tput = offline_tokens / offline_s
+    report = {
+        "concurrency": args.concurrency,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "http": http,
+        "offline": {
+            "duration_s": offline_s,
+            "output_tokens": offline_tokens,
+            "output_throughput": offline_tput,
+        },
+        "ratio": http["output_throughput"] / offline_tput,
+        "identical_texts": f"{same}/{len(prompts)}",
+    }
+    print_summary(http)
+    print(
+        f"offline engine: {offline_tokens} tokens in {offline_s:.2f} s = {offline_tput:.1f} tok/s"
+    )
+    print(
+        f"HTTP / offline output throughput: {report['ratio']:.1%}   identical greedy texts: {same}/{len(prompts)}"
+    )
+    return report
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="Server root (without /v1).")
+    p.add_argument("--model", default=None, help="Model name to send (default: the server's).")
+    p.add_argument("--api-key", default=None, help="Sent as 'Authorization: Bearer KEY'.")
+    p.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument(
+        "--input-len",
+        type=int,
+        default=128,
+        help="Prompt tokens (words with --text-prompts or chat).",
+    )
+    p.add_argument("--output-len", type=int, default=64, help="max_tokens, with ignore_eos.")
+    p.add_argument(
+        "--range-ratio", type=float, default=0.0, help="Lengths uniform in len*(1 +- ratio)."
+    )
+    p.add_argument("--text-prompts", action="store_true", help="Random words instead of token ids.")
+    p.add_argument(
+        "--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second."
+    )
+    p.add_argument("--max-concurrency", type=int, default=None, help="Most requests open at once.")
+    p.add_argument("--slo-ttft-ms", type=float, default=None)
+    p.add_argument("--slo-tpot-ms", type=float, default=None)
+    p.add_argument("--slo-e2el-ms", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--result-dir", default=str(ROOT / "benchmarks" / "results"))
+    p.add_argument(
+        "--result-name", default=None, help="JSON file name (default: serve-<timestamp>.json)."
+    )
+    p.add_argument("--plot", action="store_true", help="Also save a PNG of the latency histograms.")
+    p.add_argument(
+        "--overhead", action="store_true", help="Tessel over HTTP vs the offline engine."
+    )
+    p.add_argument("--concurrency", type=int, default=32, help="Overhead mode: concurrent streams.")
+    p.add_argument(
+        "--max-model-len", type=int, default=1024, help="Overhead mode: the engine's context."
+    )
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out_dir = Path(args.result_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = args.result_name or f"serve-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    if args.overhead:
+        report = overhead(args)
+    else:
+        if args.model is None:
+            models = httpx.get(
+                f"{args.base_url}/v1/models",
+                headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {},
+            ).json()
+            args.model = models["data"][0]["id"]
+        as_text = args.text_prompts or args.endpoint == "chat"
+        prompts = make_prompts(
+            args.num_prompts, args.input_len, args.range_ratio, args.seed, as_text
+        )
+        results, duration = asyncio.run(run_load(args, prompts))
+        slo = {
+            k: v
+            for k, v in (
+                ("ttft", args.slo_ttft_ms),
+                ("tpot", args.slo_tpot_ms),
+                ("e2el", args.slo_e2el_ms),
+            )
+            if v
+        }
+        report = {
+            "args": {k: v for k, v in vars(args).items() if k != "api_key"},
+            **summarize(results, duration, slo),
+            "requests": [asdict(r) | {"text": ""} for r in results],
+        }
+        print_summary(report)
+        if args.plot and plot(results, out_dir / name.replace(".json", ".png")):
+            print("plot:", out_dir / name.replace(".json", ".png"))
+    (out_dir / name).write_text(json.dumps(report, indent=2, default=str))
+    print("results:", out_dir / name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
