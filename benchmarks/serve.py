@@ -28,6 +28,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -297,49 +298,60 @@ class TesselServer:
 
 
 def overhead(args: argparse.Namespace) -> dict[str, Any]:
-    """The same requests through ``tessel serve`` (HTTP, streaming) and the offline engine."""
+    """The same requests through ``tessel serve`` (HTTP, streaming) and the offline engine,
+    alternated for ``--rounds`` rounds so that a busy machine slows both alike; best of each."""
     from engine import LLM, SamplingParams
     from server.settings import ServerSettings
 
     prompts = make_prompts(args.concurrency, args.input_len, 0.0, args.seed, as_text=False)
     warm = make_prompts(4, 16, 0.0, args.seed + 7, as_text=False)
     flags = {"max_model_len": args.max_model_len, "max_num_seqs": max(args.concurrency, 1)}
-    log_path = Path(args.result_dir) / "overhead-server.log"
-    with TesselServer(flags, log_path) as server:
+    params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+    llm = LLM(config=ServerSettings(**flags).engine_config())
+    llm.generate(warm, params)
+    rounds: list[dict[str, Any]] = []
+    with TesselServer(flags, Path(tempfile.gettempdir()) / "tessel-overhead-server.log") as server:
         args.base_url, args.max_concurrency = server.base_url, args.concurrency
         args.request_rate, args.endpoint = float("inf"), "completions"
         asyncio.run(run_load(args, warm))
-        results, duration = asyncio.run(run_load(args, prompts))
-    http = summarize(results, duration, {})
-
-    llm = LLM(config=ServerSettings(**flags).engine_config())
-    params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
-    llm.generate(warm, params)
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params)
-    offline_s = time.perf_counter() - start
-    offline_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    same = sum(r.text == o.outputs[0].text for r, o in zip(results, outs, strict=True))
-    offline_tput = offline_tokens / offline_s
+        for _ in range(args.rounds):
+            start = time.perf_counter()
+            outs = llm.generate(prompts, params)
+            offline_s = time.perf_counter() - start
+            results, duration = asyncio.run(run_load(args, prompts))
+            offline_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+            http = summarize(results, duration, {})
+            same = sum(r.text == o.outputs[0].text for r, o in zip(results, outs, strict=True))
+            rounds.append(
+                {
+                    "http": http,
+                    "offline": {
+                        "duration_s": offline_s,
+                        "output_throughput": offline_tokens / offline_s,
+                    },
+                    "ratio": http["output_throughput"] / (offline_tokens / offline_s),
+                    "identical_texts": same,
+                }
+            )
+            print_summary(http)
+            print(
+                f"offline: {offline_tokens / offline_s:.1f} tok/s   HTTP/offline {rounds[-1]['ratio']:.1%}   "
+                f"identical greedy texts {same}/{len(prompts)}\n"
+            )
+    best_http = max(r["http"]["output_throughput"] for r in rounds)
+    best_offline = max(r["offline"]["output_throughput"] for r in rounds)
     report = {
         "concurrency": args.concurrency,
         "input_len": args.input_len,
         "output_len": args.output_len,
-        "http": http,
-        "offline": {
-            "duration_s": offline_s,
-            "output_tokens": offline_tokens,
-            "output_throughput": offline_tput,
-        },
-        "ratio": http["output_throughput"] / offline_tput,
-        "identical_texts": f"{same}/{len(prompts)}",
+        "rounds": rounds,
+        "best_http_output_throughput": best_http,
+        "best_offline_output_throughput": best_offline,
+        "ratio": best_http / best_offline,
     }
-    print_summary(http)
     print(
-        f"offline engine: {offline_tokens} tokens in {offline_s:.2f} s = {offline_tput:.1f} tok/s"
-    )
-    print(
-        f"HTTP / offline output throughput: {report['ratio']:.1%}   identical greedy texts: {same}/{len(prompts)}"
+        f"best of {args.rounds}: HTTP {best_http:.1f} tok/s, offline {best_offline:.1f} tok/s, "
+        f"ratio {report['ratio']:.1%}"
     )
     return report
 
@@ -384,6 +396,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--max-model-len", type=int, default=1024, help="Overhead mode: the engine's context."
     )
+    p.add_argument("--rounds", type=int, default=2, help="Overhead mode: alternating rounds of each side.")
     return p.parse_args(argv)
 
 

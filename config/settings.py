@@ -62,6 +62,16 @@ class EngineConfig(_Frozen):
     scheduler: SchedulerConfig = SchedulerConfig()
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the model runs; auto picks CUDA when available."""
+    enforce_eager: bool = False
+    """Run every step eagerly: no CUDA graphs for decode (CUDA only; the CPU is always eager)."""
+    cuda_graph_batch_sizes: list[int] | None = None
+    """Decode batch sizes captured as CUDA graphs (a batch is padded to the next one; larger
+    batches run eagerly). None: 1, 2, 4, 8, then every 8 up to min(max_num_seqs, 256)."""
+    overlap_scheduling: bool = True
+    """Schedule and prepare step N+1 while step N computes; its decode inputs take N's sampled
+    ids on the device. A stopped request wastes at most one step. Off: one step at a time."""
+    decode_split: Literal["balanced", "static", "none"] = "balanced"
+    """How decode attention splits the KV: balanced tiles, FlashDecoding's static splits, or none."""
 
     @model_validator(mode="after")
     def _budget_fits_a_block(self) -> EngineConfig:
@@ -74,4 +84,7 @@ class EngineConfig(_Frozen):
                 "scheduler.max_num_batched_tokens must be >= model.max_model_len "
                 "when chunked prefill is off"
             )
+        sizes = self.cuda_graph_batch_sizes
+        if sizes is not None and (not sizes or min(sizes) < 1):
+            raise ValueError("cuda_graph_batch_sizes must be a non-empty list of sizes >= 1")
         return self

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from config.settings import EngineConfig
 from engine.core import EngineCore
 from engine.engine_setup import build_engine_parts
-from engine.request import RequestOutput
+from engine.request import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineStats
 
@@ -32,6 +32,12 @@ class EngineStepError(RuntimeError):
 class _Stream:
     queue: asyncio.Queue[RequestOutput | BaseException] = field(default_factory=asyncio.Queue)
     admitted: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+def _aborted(request_id: str) -> RequestOutput:
+    return RequestOutput(
+        request_id, [], [CompletionOutput(0, "", [], finish_reason="abort")], finished=True
+    )
 
 
 class AsyncEngine:
@@ -143,7 +149,12 @@ class AsyncEngine:
     def _apply_pending(self) -> None:
         aborts, self._pending_aborts = self._pending_aborts, []
         for rid in aborts:
+            if rid not in self.core.unfinished_request_ids():
+                continue
             self.core.abort(rid)
+            stream = self._streams.get(rid)
+            if stream is not None:  # aborted from outside: tell the stream it is over
+                stream.queue.put_nowait(_aborted(rid))
         adds, self._pending_adds = self._pending_adds, []
         for rid, prompt, params in adds:
             stream = self._streams.get(rid)

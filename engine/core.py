@@ -8,7 +8,10 @@ from dataclasses import dataclass, replace
 from engine.engine_setup import EngineParts
 from engine.request import CompletionOutput, Logprob, Request, RequestMetrics, RequestOutput, RequestStatus
 from engine.sampling_params import SamplingParams
-from engine.stats import EngineStats
+from engine.runner.pipeline import InFlightStep, RunnerOutput
+from engine.runner.step_inputs import PLACEHOLDER
+from engine.scheduler.output import SchedulerOutput
+from engine.stats import EngineStats, PipelineStats
 
 
 @dataclass
@@ -43,6 +46,9 @@ class EngineCore:
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
         self._finished_total: dict[str, int] = {}
+        self.overlap = parts.overlap_scheduling
+        self._inflight: InFlightStep | None = None  # launched, results not yet read (overlap)
+        self.step_stats = PipelineStats()
 
     # ---- requests in -----------------------------------------------------------------
 
@@ -143,20 +149,62 @@ class EngineCore:
     # ---- one step --------------------------------------------------------------------
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._inflight is not None
 
     def step(self) -> list[RequestOutput]:
+        """One engine step. With overlap, step N+1 is scheduled and launched before step N's
+        results are read (stage 5 of N runs while N+1 computes); otherwise one at a time."""
+        if not self.overlap:
+            sched = self.scheduler.schedule()
+            if sched.is_empty:
+                return []
+            inflight = self.runner.launch(sched)
+            return self._complete(inflight, placeholders=False)
+        outputs: list[RequestOutput] = []
+        prev = self._inflight
+        if prev is not None and self._needs_history():
+            outputs, prev, self._inflight = self._complete(prev, placeholders=True), None, None
         sched = self.scheduler.schedule()
-        if sched.is_empty:
-            return []
-        result = self.runner.execute(sched)
-        self.scheduler.update_from_output(sched, result.sampled)
+        cur = None if sched.is_empty else self.runner.launch(sched, prev)
+        if prev is not None:
+            outputs += self._complete(prev, placeholders=True)
+        if cur is not None:  # the step's tokens are known only as placeholders until completed
+            for s in cur.step.sampling:
+                cur.placeholder_at[s.request_id] = (s.request, s.request.num_output_tokens)
+            self.scheduler.update_from_output(sched, dict.fromkeys(cur.rows, PLACEHOLDER))
+        self._inflight = cur
+        return outputs
+
+    def _needs_history(self) -> bool:
+        """Whether a running request's sampling reads its output tokens' values (penalties):
+        then the step in flight is completed before the next is scheduled."""
+        return any(_uses_penalties(r.params) for r in self.scheduler.running)
+
+    def _complete(self, inflight: InFlightStep, placeholders: bool) -> list[RequestOutput]:
+        """Stage 5: wait for a launched step, fill its tokens in, detokenize, check stops."""
+        result = self.runner.finish(inflight)
+        t0 = time.perf_counter()
+        sched = inflight.sched
+        if placeholders:
+            for rid, (request, index) in inflight.placeholder_at.items():
+                if index < len(request.output_token_ids) and rid in result.sampled:
+                    request.output_token_ids[index] = result.sampled[rid]
+        else:
+            self.scheduler.update_from_output(sched, result.sampled)
+        outputs = self._process(sched, result)
+        timing = inflight.timing
+        timing.stages["return"] = time.perf_counter() - t0
+        self.step_stats.record(timing, len(sched.scheduled))
+        return outputs
+
+    def _process(self, sched: SchedulerOutput, result: RunnerOutput) -> list[RequestOutput]:
         now = time.monotonic()
         deltas: dict[str, list[CompletionOutput]] = {}
         for s in sched.scheduled:
             parent_id = self._child_parent.get(s.request_id)
             parent = self._parents.get(parent_id) if parent_id else None
-            if parent is None:
+            if parent is None or s.request.is_finished:
+                self.step_stats.wasted_tokens_total += s.num_new_tokens
                 continue
             parent.metrics.scheduled_time = parent.metrics.scheduled_time or now
             scored = result.prompt_logprobs.get(s.request_id)
@@ -226,4 +274,11 @@ class EngineCore:
             generation_tokens_total=self._generation_tokens_total,
             num_scheduled_tokens=s.num_scheduled_tokens,
             requests_finished_total=dict(self._finished_total),
+            **self.step_stats.snapshot(),
         )
+
+
+def _uses_penalties(params: SamplingParams) -> bool:
+    return (
+        params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
+    )

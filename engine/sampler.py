@@ -43,6 +43,13 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         """Choose one token per row of ``logits`` [B, V] float32 (modified in place); one host sync."""
+        tokens, raw_logprobs = self.sample_on_device(logits, meta)
+        return self.to_host(tokens, raw_logprobs, meta)
+
+    def sample_on_device(
+        self, logits: torch.Tensor, meta: SamplingMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``sample`` without the host sync: token ids [B] and raw logprobs stay on the device."""
         raw_logprobs = None
         if meta.max_num_logprobs is not None:
             raw_logprobs = torch.log_softmax(logits, dim=-1)  # vLLM v1 default: before processing
@@ -51,7 +58,7 @@ class Sampler:
         if not meta.all_greedy:
             sampled = self._draw(random_logits(logits, meta), meta)
             tokens = torch.where(meta.greedy, tokens, sampled)
-        return self._to_host(tokens, raw_logprobs, meta)
+        return tokens, raw_logprobs
 
     def _draw(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         """Exponential race, argmax(p / E) with E ~ Exp(1): a seeded row reads only its own stream."""
@@ -75,7 +82,7 @@ class Sampler:
         return self._seeded[request_id]
 
     @staticmethod
-    def _to_host(
+    def to_host(
         tokens: torch.Tensor, raw_logprobs: torch.Tensor | None, meta: SamplingMetadata
     ) -> SamplerOutput:
         if raw_logprobs is None or meta.max_num_logprobs is None:

@@ -77,54 +77,83 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal attention of the new tokens over each request's paged context.
 
-    Covers prefill, chunked prefill on top of a cached prefix, and decode in one op: the
-    queries and contexts are padded to a rectangle and masked. q: [T, Hq, D] -> [T, Hq, D].
+    Covers prefill, chunked prefill on top of a cached prefix, and decode in one op.
+    Decode rows (one new token) are gathered and attended as one padded batch; each prefill
+    chunk is attended on its own, so no request pays for another's length.
+    q: [T, Hq, D] -> [T, Hq, D].
     """
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
-    gather = _context_gather(md, q.device)
-    k = k_cache.view(-1, num_kv_heads, head_dim)[gather.slots]  # [B, S, Hkv, D]
-    v = v_cache.view(-1, num_kv_heads, head_dim)[gather.slots]
-    # Slots past a request's length hold anything (NaN included); 0 * NaN would poison P @ V.
-    k = k.masked_fill(~gather.valid[:, :, None, None], 0.0).to(q.dtype)
-    v = v.masked_fill(~gather.valid[:, :, None, None], 0.0).to(q.dtype)
-    qp = q.new_zeros(gather.batch, gather.max_q, num_heads, head_dim)
-    qp[gather.q_rows_b, gather.q_rows_i] = q
-    out = F.scaled_dot_product_attention(
-        qp.transpose(1, 2),
-        k.transpose(1, 2),
-        v.transpose(1, 2),
-        attn_mask=gather.mask[:, None],
-        scale=scale,
-        enable_gqa=num_heads != num_kv_heads,
-    )
-    return out.transpose(1, 2)[gather.q_rows_b, gather.q_rows_i]
+    gqa = num_heads != num_kv_heads
+    keys = k_cache.view(-1, num_kv_heads, head_dim)
+    values = v_cache.view(-1, num_kv_heads, head_dim)
+    plan = _reference_plan(md, q.device)
+    out = torch.empty_like(q)
+    if plan.decode_rows is not None:
+        k = keys[plan.decode_slots].to(q.dtype).transpose(1, 2)  # [B, Hkv, S, D]
+        v = values[plan.decode_slots].to(q.dtype).transpose(1, 2)
+        o = F.scaled_dot_product_attention(
+            q[plan.decode_rows].unsqueeze(2), k, v, attn_mask=plan.decode_mask, scale=scale, enable_gqa=gqa
+        )
+        out[plan.decode_rows] = o.squeeze(2)
+    for chunk in plan.prefill:
+        k = keys[chunk.slots].to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, Hkv, S, D]
+        v = values[chunk.slots].to(q.dtype).transpose(0, 1).unsqueeze(0)
+        o = F.scaled_dot_product_attention(
+            q[chunk.rows].transpose(0, 1).unsqueeze(0), k, v,
+            attn_mask=chunk.mask, is_causal=chunk.mask is None, scale=scale, enable_gqa=gqa,
+        )
+        out[chunk.rows] = o.squeeze(0).transpose(0, 1)
+    return out
 
 
-class _ContextGather:
-    """Index tensors shared by every layer of one step (built once, cached in md.scratch)."""
+class _PrefillChunk:
+    def __init__(self, rows: slice, slots: torch.Tensor, mask: torch.Tensor | None) -> None:
+        self.rows = rows  # the chunk's query rows
+        self.slots = slots  # [S]: cache slot of each context position
+        self.mask = mask  # [Q, S] causal mask offset by the cached prefix; None: plain causal
+
+
+class _ReferencePlan:
+    """Index tensors shared by every layer of one step (built once, cached in md.scratch).
+
+    Positions past a decode row's length are pointed at its first slot rather than left to
+    whatever the cache holds there (NaN, say): a masked weight of 0 times NaN is still NaN.
+    """
 
     def __init__(self, md: AttentionMetadata, device: torch.device) -> None:
-        qsl = md.query_start_loc.to(device=device, dtype=torch.long)
-        seq_lens = md.seq_lens.to(device=device, dtype=torch.long)
-        q_lens = qsl[1:] - qsl[:-1]
-        self.batch = int(seq_lens.shape[0])
-        self.max_q = int(md.max_query_len)
-        pos = torch.arange(md.max_seq_len, device=device)
+        qsl = md.query_start_loc.tolist()
+        seq_lens = (md.seq_lens_cpu if md.seq_lens_cpu is not None else md.seq_lens).tolist()
         tables = md.block_tables.to(device=device, dtype=torch.long)
-        block_idx = (pos // md.block_size).clamp(max=tables.shape[1] - 1)
-        self.slots = tables[:, block_idx] * md.block_size + pos % md.block_size  # [B, S]
-        self.valid = pos[None, :] < seq_lens[:, None]
-        q_pos = (seq_lens - q_lens)[:, None] + torch.arange(self.max_q, device=device)  # [B, Q]
-        self.mask = self.valid[:, None, :] & (pos[None, None, :] <= q_pos[:, :, None])
-        token_b = torch.repeat_interleave(torch.arange(self.batch, device=device), q_lens)
-        self.q_rows_b = token_b
-        self.q_rows_i = torch.arange(int(qsl[-1]), device=device) - qsl[token_b]
+        bs = md.block_size
+        decode = [b for b in range(len(seq_lens)) if qsl[b + 1] - qsl[b] == 1]
+        self.decode_rows: torch.Tensor | None = None
+        if decode:
+            idx = torch.tensor(decode, device=device)
+            lens = torch.tensor([seq_lens[b] for b in decode], device=device)
+            pos = torch.arange(max(seq_lens[b] for b in decode), device=device)
+            valid = pos[None, :] < lens[:, None]
+            pos = torch.where(valid, pos[None, :], 0)
+            self.decode_slots = tables[idx[:, None], pos // bs] * bs + pos % bs  # [B, S]
+            self.decode_mask = valid[:, None, None, :]
+            self.decode_rows = torch.tensor([qsl[b] for b in decode], device=device)
+        self.prefill: list[_PrefillChunk] = []
+        for b in range(len(seq_lens)):
+            q_len, s_len = qsl[b + 1] - qsl[b], seq_lens[b]
+            if q_len == 1:
+                continue
+            pos = torch.arange(s_len, device=device)
+            slots = tables[b, pos // bs] * bs + pos % bs
+            mask = None
+            if s_len != q_len:
+                q_pos = torch.arange(s_len - q_len, s_len, device=device)
+                mask = pos[None, :] <= q_pos[:, None]
+            self.prefill.append(_PrefillChunk(slice(qsl[b], qsl[b + 1]), slots, mask))
 
 
-def _context_gather(md: AttentionMetadata, device: torch.device) -> _ContextGather:
-    gather = md.scratch.get("reference_gather")
-    if gather is None:
-        gather = md.scratch["reference_gather"] = _ContextGather(md, device)
-    assert isinstance(gather, _ContextGather)
-    return gather
+def _reference_plan(md: AttentionMetadata, device: torch.device) -> _ReferencePlan:
+    plan = md.scratch.get("reference_plan")
+    if plan is None:
+        plan = md.scratch["reference_plan"] = _ReferencePlan(md, device)
+    assert isinstance(plan, _ReferencePlan)
+    return plan

@@ -11,7 +11,7 @@ from typing import Any
 
 from server.settings import ServerSettings, field_help
 
-ENGINE_ONLY = ("host", "port", "api_key", "served_model_name", "max_queue", "drain_timeout_s")
+SERVER_ONLY = ("host", "port", "api_key", "served_model_name", "max_queue", "drain_timeout_s")
 
 
 def add_settings_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("prompt", help="The prompt text.")
     generate.add_argument("--max-tokens", type=int, default=64, help="Tokens to generate.")
     generate.add_argument("--temperature", type=float, default=0.0, help="0 is greedy.")
-    add_settings_flags(generate, skip=ENGINE_ONLY)
+    add_settings_flags(generate, skip=SERVER_ONLY)
     return parser
 
 
@@ -92,8 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 def _generate(settings: ServerSettings, prompt: str, max_tokens: int, temperature: float) -> int:
     from engine import LLM, SamplingParams
 
-    config = settings.engine_config()
-    llm = LLM.from_config(config) if hasattr(LLM, "from_config") else LLM(model=config.model.model)
+    llm = LLM(config=settings.engine_config())
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
     output = llm.generate([prompt], params)[0]
     print(output.outputs[0].text)

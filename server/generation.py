@@ -8,7 +8,7 @@ recorded in the metrics with its finish reasons.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -73,9 +73,9 @@ class Generation:
             self.engine.generate(run.prompt_token_ids, self.params, run.request_id)
             for run in self.runs
         ]
-        merged = streams[0] if len(streams) == 1 else _merge(streams)
+        merged = _tagged(streams[0]) if len(streams) == 1 else _merge(streams)
         try:
-            async for prompt_index, output in _indexed(merged, len(streams) == 1):
+            async for prompt_index, output in merged:
                 self._account(prompt_index, output)
                 yield prompt_index, output
         except Exception:
@@ -84,10 +84,9 @@ class Generation:
         finally:
             # Shielded: a cancelled client task must still close (and so abort) its streams.
             with anyio.CancelScope(shield=True):
-                for stream in [merged, *streams] if merged is not streams[0] else streams:
-                    aclose = getattr(stream, "aclose", None)
-                    if aclose is not None:
-                        await aclose()
+                await merged.aclose()
+                for stream in streams:
+                    await stream.aclose()  # type: ignore[attr-defined]
 
     def _account(self, prompt_index: int, output: RequestOutput) -> None:
         self.ticket.started()
@@ -123,16 +122,16 @@ class Generation:
             self.ticket.close()
 
 
-async def _indexed(
-    stream: AsyncIterator[RequestOutput] | AsyncIterator[tuple[int, RequestOutput]], single: bool
-) -> AsyncIterator[tuple[int, RequestOutput]]:
-    async for item in stream:
-        yield (0, item) if single else item  # type: ignore[misc]
+async def _tagged(
+    stream: AsyncIterator[RequestOutput],
+) -> AsyncGenerator[tuple[int, RequestOutput]]:
+    async for output in stream:
+        yield 0, output
 
 
 async def _merge(
     streams: list[AsyncIterator[RequestOutput]],
-) -> AsyncIterator[tuple[int, RequestOutput]]:
+) -> AsyncGenerator[tuple[int, RequestOutput]]:
     """Interleave several engine streams as their outputs arrive."""
     queue: asyncio.Queue[tuple[int, RequestOutput] | BaseException | None] = asyncio.Queue()
 

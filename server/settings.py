@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, create_model, field_validator
 from pydantic.fields import FieldInfo
@@ -47,7 +47,7 @@ class ServerFields(BaseSettings):
     """Most requests waiting for a batch slot; past it, requests get 429 with Retry-After."""
     drain_timeout_s: float = Field(default=30.0, ge=0)
     """On SIGTERM, how long requests in flight may run before the process exits anyway."""
-    log_level: str = "info"
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     """Python logging level for the server and uvicorn."""
 
     @field_validator("api_key", mode="before")

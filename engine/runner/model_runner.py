@@ -1,28 +1,20 @@
-"""Runs one scheduled step on the model: inputs -> forward -> logits -> sampled tokens."""
+"""Owns the model, its paged KV cache and the sampler; runs steps through ``StepPipeline``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from config.model_arch import ModelArch
 from engine.request import Logprob
-from engine.runner.input_batch import ModelInputs, build_model_inputs
+from engine.runner.pipeline import InFlightStep, RunnerOutput, StepPipeline
 from engine.sampler import Sampler
-from engine.sampling_metadata import SamplingMetadata
 from engine.scheduler.output import SchedulerOutput
+from kernels.attention.decode import DecodeConfig
 
-
-@dataclass
-class RunnerOutput:
-    """What a step produced, on the host, keyed by request id."""
-
-    sampled: dict[str, int] = field(default_factory=dict)
-    logprobs: dict[str, Logprob] = field(default_factory=dict)
-    # request id -> (prompt index of the first scored token, logprobs from there on)
-    prompt_logprobs: dict[str, tuple[int, list[Logprob]]] = field(default_factory=dict)
+__all__ = ["ModelRunner", "RunnerLimits", "RunnerOutput", "kv_bytes_per_block", "score_tokens"]
 
 
 def kv_bytes_per_block(arch: ModelArch, block_size: int, dtype: torch.dtype) -> int:
@@ -30,8 +22,19 @@ def kv_bytes_per_block(arch: ModelArch, block_size: int, dtype: torch.dtype) -> 
     return 2 * arch.num_hidden_layers * block_size * arch.num_key_value_heads * arch.head_dim * elem
 
 
+@dataclass(frozen=True)
+class RunnerLimits:
+    """The largest step the scheduler can hand over, which sizes the pipeline's buffers."""
+
+    max_tokens: int = 2048  # max_num_batched_tokens
+    max_seqs: int = 256  # max_num_seqs
+    max_model_len: int = 2048
+    decode: DecodeConfig = DecodeConfig()
+    graph_sizes: tuple[int, ...] = ()  # decode batch sizes to capture; empty: eager only
+
+
 class ModelRunner:
-    """Owns the model, its paged KV cache and the sampler."""
+    """``launch`` a step (stages 1-4, asynchronous on CUDA) and ``finish`` it; ``execute`` does both."""
 
     def __init__(
         self,
@@ -42,6 +45,7 @@ class ModelRunner:
         device: torch.device,
         dtype: torch.dtype,
         seed: int = 0,
+        limits: RunnerLimits = RunnerLimits(),
     ) -> None:
         self.model = model
         self.arch = arch
@@ -53,38 +57,24 @@ class ModelRunner:
             for _ in range(arch.num_hidden_layers)
         ]
         self.sampler = Sampler(seed)
+        self.pipeline = StepPipeline(
+            model, arch, self.kv_caches, self.sampler, block_size,
+            max_tokens=limits.max_tokens, max_seqs=limits.max_seqs, max_model_len=limits.max_model_len,
+            decode_config=limits.decode, graph_sizes=list(limits.graph_sizes),
+        )
 
-    @torch.inference_mode()
+    def launch(self, sched: SchedulerOutput, prev: InFlightStep | None = None) -> InFlightStep:
+        return self.pipeline.launch(sched, prev)
+
+    def finish(self, inflight: InFlightStep) -> RunnerOutput:
+        return self.pipeline.finish(inflight)
+
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
-        inputs = build_model_inputs(sched.scheduled, self.block_size, self.device)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn)
-        out = RunnerOutput()
-        if inputs.prompt_logprobs:
-            out.prompt_logprobs = self._prompt_logprobs(hidden, inputs)
-        if not inputs.sampling:
-            return out
-        logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices)).float()
-        requests = [s.request for s in inputs.sampling]
-        meta = SamplingMetadata.build(requests, self.arch.vocab_size, self.device)
-        result = self.sampler.sample(logits, meta)
-        for i, request in enumerate(requests):
-            out.sampled[request.request_id] = result.token_ids[i]
-            if result.logprobs is not None and (lp := result.logprobs[i]) is not None:
-                out.logprobs[request.request_id] = lp
-        return out
+        """One step, synchronously."""
+        return self.finish(self.launch(sched))
 
     def forget(self, request_id: str) -> None:
         self.sampler.forget(request_id)
-
-    def _prompt_logprobs(
-        self, hidden: torch.Tensor, inputs: ModelInputs
-    ) -> dict[str, tuple[int, list[Logprob]]]:
-        """Score each prompt token under the logits of the position before it (for echo)."""
-        result: dict[str, tuple[int, list[Logprob]]] = {}
-        for chunk in inputs.prompt_logprobs:
-            logits = self.model.compute_logits(hidden[chunk.rows]).float()
-            result[chunk.request_id] = (chunk.first_target, score_tokens(logits, chunk.targets, chunk.num_top))
-        return result
 
 
 def score_tokens(logits: torch.Tensor, targets: list[int], num_top: int) -> list[Logprob]:

@@ -12,6 +12,7 @@ from starlette.background import BackgroundTask
 
 from engine.sampling_params import SamplingParams
 from server.generation import Generation
+from server.protocol.errors import APIError
 from server.state import ServerState
 from server.streaming import CLIENT_CLOSED, ClientDisconnected, sse_response, unless_disconnected
 
@@ -62,5 +63,7 @@ async def respond(
         return JSONResponse(await unless_disconnected(request, body()))
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
+    except ValueError as err:  # the engine refused the prompt (its message names the numbers)
+        raise APIError(400, str(err), param=getattr(err, "param", None)) from err
     finally:
         await generation.close()

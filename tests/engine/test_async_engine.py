@@ -1,0 +1,86 @@
+"""The asyncio engine: concurrent streams equal the offline engine; leaving or aborting frees KV."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from engine import LLM, AsyncEngine, SamplingParams
+from engine.llm import engine_config_from_kwargs
+from tests.checkpoints import write_tiny_checkpoint
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+PROMPTS = [[5, 6, 7], [9] * 20, [11, 12], list(range(3, 40)), [42]]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), "llama")
+
+
+async def _collect(engine: AsyncEngine, prompt: list[int], params: SamplingParams, rid: str) -> list[int]:
+    tokens: list[int] = []
+    async for out in engine.generate(prompt, params, rid):
+        for choice in out.outputs:
+            tokens.extend(choice.token_ids)
+    return tokens
+
+
+async def test_concurrent_streams_equal_offline(tiny_dir: Path) -> None:
+    expected = [o.outputs[0].token_ids for o in LLM(str(tiny_dir)).generate(PROMPTS, GREEDY)]
+    engine = AsyncEngine.from_config(engine_config_from_kwargs(str(tiny_dir), block_size=4))
+    await engine.start()
+    try:
+        got = await asyncio.gather(*(_collect(engine, p, GREEDY, f"r{i}") for i, p in enumerate(PROMPTS)))
+        assert list(got) == expected
+        assert engine.stats().kv_blocks_used == 0
+    finally:
+        await engine.shutdown()
+
+
+async def test_leaving_a_stream_or_aborting_frees_every_block(tiny_dir: Path) -> None:
+    engine = AsyncEngine.from_config(engine_config_from_kwargs(str(tiny_dir), block_size=4))
+    await engine.start()
+    long = SamplingParams(temperature=0.0, max_tokens=190, ignore_eos=True)
+    try:
+        stream = engine.generate(list(range(3, 60)), long, "leaver")
+        await anext(stream)  # first token out: mid-decode
+        await stream.aclose()  # the client went away
+
+        async def abort_soon() -> None:
+            await asyncio.sleep(0.05)
+            await engine.abort("aborted")
+
+        task = asyncio.create_task(abort_soon())
+        tokens = await asyncio.wait_for(_collect(engine, list(range(3, 60)), long, "aborted"), 30)
+        await task
+        assert len(tokens) < 190
+        for _ in range(100):  # aborts apply at the next step boundary
+            if engine.stats().kv_blocks_used == 0 and engine.stats().num_running == 0:
+                break
+            await asyncio.sleep(0.02)
+        stats = engine.stats()
+        assert stats.kv_blocks_used == 0 and stats.num_running == 0 and stats.num_waiting == 0
+        # and it still serves
+        assert len(await _collect(engine, [5, 6, 7], GREEDY, "after")) == 10
+    finally:
+        await engine.shutdown()
+
+
+async def test_bad_prompts_raise_clear_errors(tiny_dir: Path) -> None:
+    engine = AsyncEngine.from_config(engine_config_from_kwargs(str(tiny_dir), max_model_len=64))
+    await engine.start()
+    try:
+        with pytest.raises(ValueError, match="maximum context length is 64"):
+            await _collect(engine, list(range(3, 70)), GREEDY, "too-long")
+        with pytest.raises(ValueError, match="max_tokens is 60"):
+            await _collect(engine, [5] * 10, SamplingParams(max_tokens=60), "over")
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            await _collect(engine, [10**6], GREEDY, "bad-id")
+        with pytest.raises(ValueError, match="empty"):
+            await _collect(engine, [], GREEDY, "empty")
+        assert engine.stats().kv_blocks_used == 0
+    finally:
+        await engine.shutdown()
