@@ -26,7 +26,15 @@ if TYPE_CHECKING:
     from engine.sampling_params import SamplingParams
     from engine.stats import EngineStats
 
-__all__ = list(_EXPORTS)
+__all__ = [  # noqa: F822 - resolved lazily by __getattr__
+    "LLM",
+    "AsyncEngine",
+    "CompletionOutput",
+    "Logprob",
+    "RequestOutput",
+    "SamplingParams",
+    "EngineStats",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -8,6 +8,7 @@ and aborts are queued and applied at the next step boundary.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -70,10 +71,8 @@ class AsyncEngine:
     async def shutdown(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
         self._executor.shutdown(wait=True, cancel_futures=True)
 
