@@ -304,16 +304,19 @@ def overhead(args: argparse.Namespace) -> dict[str, Any]:
     from server.settings import ServerSettings
 
     prompts = make_prompts(args.concurrency, args.input_len, 0.0, args.seed, as_text=False)
-    warm = make_prompts(4, 16, 0.0, args.seed + 7, as_text=False)
+    # Warm-up with the full batch shape: the first batch of a new size is several times slower.
+    warm = make_prompts(args.concurrency, args.input_len, 0.0, args.seed + 7, as_text=False)
     flags = {"max_model_len": args.max_model_len, "max_num_seqs": max(args.concurrency, 1)}
     params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
     llm = LLM(config=ServerSettings(**flags).engine_config())
-    llm.generate(warm, params)
+    llm.generate(warm, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     rounds: list[dict[str, Any]] = []
     with TesselServer(flags, Path(tempfile.gettempdir()) / "tessel-overhead-server.log") as server:
         args.base_url, args.max_concurrency = server.base_url, args.concurrency
         args.request_rate, args.endpoint = float("inf"), "completions"
+        output_len, args.output_len = args.output_len, 8
         asyncio.run(run_load(args, warm))
+        args.output_len = output_len
         for _ in range(args.rounds):
             start = time.perf_counter()
             outs = llm.generate(prompts, params)

@@ -6,10 +6,17 @@ import time
 from dataclasses import dataclass, replace
 
 from engine.engine_setup import EngineParts
-from engine.request import CompletionOutput, Logprob, Request, RequestMetrics, RequestOutput, RequestStatus
-from engine.sampling_params import SamplingParams
+from engine.request import (
+    CompletionOutput,
+    Logprob,
+    Request,
+    RequestMetrics,
+    RequestOutput,
+    RequestStatus,
+)
 from engine.runner.pipeline import InFlightStep, RunnerOutput
 from engine.runner.step_inputs import PLACEHOLDER
+from engine.sampling_params import SamplingParams
 from engine.scheduler.output import SchedulerOutput
 from engine.stats import EngineStats, PipelineStats
 

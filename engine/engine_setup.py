@@ -15,8 +15,11 @@ from engine.kv_cache.manager import KVCacheManager
 from engine.loader import load_checkpoint
 from engine.models.registry import build_model
 from engine.output_processor import OutputProcessor
-from engine.runner.model_runner import ModelRunner, kv_bytes_per_block
+from engine.runner.cuda_graph import default_graph_sizes
+from engine.runner.memory_profile import kv_budget_bytes, peak_activation_bytes
+from engine.runner.model_runner import ModelRunner, RunnerLimits, kv_bytes_per_block
 from engine.scheduler.scheduler import Scheduler
+from kernels.attention.decode_plan import DecodeConfig
 
 log = logging.getLogger("tessel.engine")
 
@@ -37,6 +40,7 @@ class EngineParts:
     vocab_size: int
     eos_token_id: int | None
     device: torch.device
+    overlap_scheduling: bool = False  # EngineCore launches step N+1 before reading step N
 
 
 def resolve_device(config: EngineConfig) -> torch.device:
@@ -72,11 +76,17 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     finally:
         torch.set_default_dtype(default_dtype)
     model.eval()
-    num_blocks = _num_blocks(config, arch, dtype, device)
-    runner = ModelRunner(model, arch, num_blocks, config.cache.block_size, device, dtype, config.model.seed)
+    num_blocks = _num_blocks(config, arch, dtype, device, model, max_model_len)
+    runner = ModelRunner(
+        model, arch, num_blocks, config.cache.block_size, device, dtype, config.model.seed,
+        _runner_limits(config, max_model_len, device),
+    )
+    runner.pipeline.capture_graphs()
     kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
     scheduler = Scheduler(config.scheduler, kv, max_model_len)
     tokenizer = checkpoint.tokenizer
+    if tokenizer is None and checkpoint.source.startswith("preset "):
+        tokenizer = placeholder_tokenizer(arch.vocab_size, next(iter(arch.eos_token_ids), None))
     if tokenizer is None:
         raise ValueError(f"{checkpoint.source} has no tokenizer")
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else next(iter(arch.eos_token_ids), None)
@@ -96,16 +106,50 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         vocab_size=arch.vocab_size,
         eos_token_id=eos,
         device=device,
+        overlap_scheduling=config.overlap_scheduling,
     )
 
 
-def _num_blocks(config: EngineConfig, arch: ModelArch, dtype: torch.dtype, device: torch.device) -> int:
+def _runner_limits(config: EngineConfig, max_model_len: int, device: torch.device) -> RunnerLimits:
+    graphs: tuple[int, ...] = ()
+    if device.type == "cuda" and not config.enforce_eager:
+        sizes = config.cuda_graph_batch_sizes or default_graph_sizes(config.scheduler.max_num_seqs)
+        graphs = tuple(sorted(s for s in sizes if s <= config.scheduler.max_num_seqs)) or (1,)
+    return RunnerLimits(
+        max_tokens=config.scheduler.max_num_batched_tokens,
+        max_seqs=config.scheduler.max_num_seqs,
+        max_model_len=max_model_len,
+        decode=DecodeConfig(mode=config.decode_split),
+        graph_sizes=graphs,
+    )
+
+
+def _num_blocks(
+    config: EngineConfig, arch: ModelArch, dtype: torch.dtype, device: torch.device,
+    model: torch.nn.Module, max_model_len: int,
+) -> int:
     if config.cache.num_blocks is not None:
         return config.cache.num_blocks
     per_block = kv_bytes_per_block(arch, config.cache.block_size, dtype)
     if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        budget = free - (1 - config.cache.gpu_memory_utilization) * total
+        sched = config.scheduler
+        activations = peak_activation_bytes(
+            model, arch, min(sched.max_num_batched_tokens, max_model_len), sched.max_num_seqs,
+            config.cache.block_size, dtype, device,
+        )
+        budget = kv_budget_bytes(config.cache.gpu_memory_utilization, activations, device)
+        log.info("profiled activations %.2f GiB; KV budget %.2f GiB", activations / 2**30, budget / 2**30)
     else:
-        budget = config.cache.kv_cache_memory_gb * 1024**3
+        budget = int(config.cache.kv_cache_memory_gb * 1024**3)
     return max(int(budget // per_block), 1)
+
+
+def placeholder_tokenizer(vocab_size: int, eos_token_id: int | None) -> PreTrainedTokenizerFast:
+    """For random-weight presets, which ship no tokenizer: token ``i`` reads ``<i>``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"<{i}>": i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<0>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    eos = f"<{eos_token_id}>" if eos_token_id is not None and eos_token_id < vocab_size else None
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, unk_token="<0>")

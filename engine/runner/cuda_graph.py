@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from engine.runner.step_inputs import PreparedStep
-from kernels.attention.decode import DecodeConfig, StaticDecodePlan, decode_plan_key
+from kernels.attention.decode_plan import ENGINE_PLAN, StaticDecodePlan
 from kernels.attention.metadata import AttentionMetadata
 
 log = logging.getLogger("tessel.engine")
@@ -41,13 +41,10 @@ class DecodeGraphs:
         max_blocks: int,
         block_size: int,
         static_plan: StaticDecodePlan,
-        decode_config: DecodeConfig,
-        heads: tuple[int, int, int],  # (q heads, KV heads, head dim)
     ) -> None:
         self.model, self.kv_caches = model, kv_caches
         self.sizes = sorted(set(sizes))
         self.block_size, self.static_plan = block_size, static_plan
-        self.plan_key = decode_plan_key(*heads, decode_config)
         device = kv_caches[0][0].device
         n = self.sizes[-1]
         self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
@@ -78,7 +75,7 @@ class DecodeGraphs:
         host = np.zeros(self.static_plan.size, dtype=np.int32)
         plan = self.static_plan.plan(np.ones(b, dtype=np.int32), host)
         self.static_plan.sched.copy_(torch.from_numpy(host))
-        md.scratch[self.plan_key] = plan
+        md.scratch[ENGINE_PLAN] = plan
         md.scratch["block_tables_i32"] = md.block_tables
         return md
 

@@ -12,7 +12,7 @@ from engine.request import Logprob
 from engine.runner.pipeline import InFlightStep, RunnerOutput, StepPipeline
 from engine.sampler import Sampler
 from engine.scheduler.output import SchedulerOutput
-from kernels.attention.decode import DecodeConfig
+from kernels.attention.decode_plan import DecodeConfig
 
 __all__ = ["ModelRunner", "RunnerLimits", "RunnerOutput", "kv_bytes_per_block", "score_tokens"]
 

@@ -26,7 +26,12 @@ from engine.runner.step_inputs import PreparedStep, prepare_step
 from engine.sampler import Sampler
 from engine.sampling_metadata import SamplingMetadata
 from engine.scheduler.output import SchedulerOutput
-from kernels.attention.decode import DecodeConfig, StaticDecodePlan, decode_plan_key
+from kernels.attention.decode_plan import (
+    DEFAULT_DECODE,
+    ENGINE_PLAN,
+    DecodeConfig,
+    StaticDecodePlan,
+)
 from kernels.attention.metadata import AttentionMetadata
 
 STAGES = ("prepare", "copy", "compute", "aggregate", "return")
@@ -84,7 +89,7 @@ class StepPipeline:
         max_tokens: int,
         max_seqs: int,
         max_model_len: int,
-        decode_config: DecodeConfig = DecodeConfig(),
+        decode_config: DecodeConfig = DEFAULT_DECODE,
         graph_sizes: list[int] | None = None,
     ) -> None:
         self.model, self.arch, self.kv_caches, self.sampler = model, arch, kv_caches, sampler
@@ -98,7 +103,6 @@ class StepPipeline:
             if self.cuda
             else None
         )
-        self.plan_key = decode_plan_key(q_heads, kv_heads, d, decode_config)
         plan_size = self.static_plan.size if self.static_plan else 0
         self.buffers = DoubleBuffer(input_specs(max_tokens, max_seqs, max_blocks, plan_size), self.device)
         self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
@@ -106,7 +110,7 @@ class StepPipeline:
         if self.cuda and graph_sizes and self.static_plan is not None:
             sizes = [s for s in graph_sizes if s <= max_seqs]
             self.graphs = DecodeGraphs(
-                model, kv_caches, sizes, max_blocks, block_size, self.static_plan, decode_config, (q_heads, kv_heads, d)
+                model, kv_caches, sizes, max_blocks, block_size, self.static_plan
             )
         self._last_end: torch.cuda.Event | None = None
         self._sampled_host = [
@@ -182,7 +186,7 @@ class StepPipeline:
         if step.plan is not None:  # eager decode: the kernels read the plan where stage 2 put it
             plan = step.plan
             plan.sched = buf.device_view("decode_plan")
-            md.scratch[self.plan_key] = plan
+            md.scratch[ENGINE_PLAN] = plan
         return md
 
     def _aggregate(

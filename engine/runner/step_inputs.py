@@ -15,7 +15,7 @@ import numpy as np
 from engine.runner.buffers import StepBuffers
 from engine.runner.input_batch import PromptLogprobRows
 from engine.scheduler.output import ScheduledRequest
-from kernels.attention.decode import DecodePlan, StaticDecodePlan
+from kernels.attention.decode_plan import DecodePlan, StaticDecodePlan
 
 PLACEHOLDER = -1
 """Stands in ``request.output_token_ids`` for a token still on the device (overlap scheduling)."""

@@ -1,0 +1,52 @@
+"""Size the KV cache from free GPU memory after the weights and a profiling run of the largest step."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from config.model_arch import ModelArch
+from kernels.attention.metadata import AttentionMetadata
+
+
+@torch.inference_mode()
+def peak_activation_bytes(
+    model: nn.Module, arch: ModelArch, max_tokens: int, max_seqs: int, block_size: int,
+    dtype: torch.dtype, device: torch.device,
+) -> int:
+    """Device memory the largest step needs beyond weights and KV: one prefill of ``max_tokens``
+    tokens through a scratch cache, plus float32 logits for ``max_seqs`` rows."""
+    blocks = -(-max_tokens // block_size)
+    shape = (blocks, block_size, arch.num_key_value_heads, arch.head_dim)
+    caches = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+              for _ in range(arch.num_hidden_layers)]
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    ids = torch.zeros(max_tokens, dtype=torch.long, device=device)
+    positions = torch.arange(max_tokens, device=device)
+    md = AttentionMetadata(
+        slot_mapping=torch.arange(max_tokens, device=device),
+        query_start_loc=torch.tensor([0, max_tokens], dtype=torch.int32, device=device),
+        seq_lens=torch.tensor([max_tokens], dtype=torch.int32, device=device),
+        block_tables=torch.arange(blocks, dtype=torch.int32, device=device)[None],
+        max_query_len=max_tokens, max_seq_len=max_tokens, block_size=block_size,
+        seq_lens_cpu=torch.tensor([max_tokens], dtype=torch.int32),
+    )
+    hidden = model(ids, positions, caches, md)
+    rows = hidden[:1].expand(max_seqs, -1).contiguous()
+    logits = model.compute_logits(rows).float()
+    torch.softmax(logits, dim=-1)
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - base
+    cache_bytes = sum(k.numel() * k.element_size() * 2 for k, _ in caches)
+    del caches, hidden, rows, logits, md
+    torch.cuda.empty_cache()
+    return int(peak - cache_bytes)
+
+
+def kv_budget_bytes(utilization: float, activation_bytes: int, device: torch.device, reserve: int = 512 << 20) -> int:
+    """What the KV cache may take: utilization x total, less what is in use now (weights, other
+    processes), the profiled activations and a reserve for CUDA graphs and the pipeline's buffers."""
+    free, total = torch.cuda.mem_get_info(device)
+    return int(utilization * total - (total - free) - activation_bytes - reserve)
