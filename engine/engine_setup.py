@@ -16,6 +16,7 @@ from engine.loader import load_checkpoint
 from engine.models.registry import build_model
 from engine.output_processor import OutputProcessor
 from engine.runner.cuda_graph import default_graph_sizes
+from engine.runner.host_allocator import keep_step_buffers_in_heap
 from engine.runner.memory_profile import kv_budget_bytes, peak_activation_bytes
 from engine.runner.model_runner import ModelRunner, RunnerLimits, kv_bytes_per_block
 from engine.scheduler.scheduler import Scheduler
@@ -76,6 +77,9 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     finally:
         torch.set_default_dtype(default_dtype)
     model.eval()
+    if device.type == "cpu":
+        keep_step_buffers_in_heap()
+        model.pack_cpu_weights()
     num_blocks = _num_blocks(config, arch, dtype, device, model, max_model_len)
     runner = ModelRunner(
         model, arch, num_blocks, config.cache.block_size, device, dtype, config.model.seed,

@@ -8,7 +8,9 @@ from types import ModuleType
 
 import torch
 
-from kernels import reference
+import torch.nn.functional as F
+
+from kernels import cpu_attention, cpu_linear, reference
 from kernels.attention.metadata import AttentionMetadata
 
 
@@ -32,6 +34,19 @@ def _ops() -> ModuleType:
     ops = _triton_ops()
     assert ops is not None  # only called after _use_triton said yes
     return ops
+
+
+def _use_cpu_fast_path(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and os.environ.get("TESSEL_KERNELS", "") != "reference"
+
+
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, packed: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x @ weight^T + bias``; ``packed`` is the weight in oneDNN's layout (CPU only)."""
+    if packed is not None and _use_cpu_fast_path(x):
+        return cpu_linear.linear(x, packed, bias)
+    return F.linear(x, weight, bias)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -81,7 +96,13 @@ def paged_attention(
     v_cache: torch.Tensor,
     md: AttentionMetadata,
     scale: float,
+    k_new: torch.Tensor | None = None,
+    v_new: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """``k_new``/``v_new``: this step's K/V, already in the cache; the CPU path reads them
+    instead of the cache for prompt chunks with no cached prefix."""
     if _use_triton(q):
         return _ops().paged_attention(q, k_cache, v_cache, md, scale)
+    if _use_cpu_fast_path(q):
+        return cpu_attention.paged_attention(q, k_cache, v_cache, md, scale, k_new, v_new)
     return reference.paged_attention(q, k_cache, v_cache, md, scale)

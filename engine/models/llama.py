@@ -15,6 +15,7 @@ from engine.models.layers.linear import (
     RowParallelLinear,
     VocabParallelEmbedding,
     default_weight_loader,
+    pack_cpu_weights,
 )
 from engine.models.layers.norm import RMSNorm
 from engine.models.layers.parallel import SINGLE, ParallelRank
@@ -146,9 +147,16 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         return self.model(input_ids, positions, kv_caches, md)
 
+    @property
+    def head(self) -> VocabParallelEmbedding:
+        return self.lm_head if self.lm_head is not None else self.model.embed_tokens
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        head = self.lm_head if self.lm_head is not None else self.model.embed_tokens
-        return torch.nn.functional.linear(hidden, head.weight)
+        return self.head.as_head(hidden)
+
+    def pack_cpu_weights(self) -> int:
+        """CPU: every GEMM's weight in oneDNN's packed layout (after ``load_weights``)."""
+        return pack_cpu_weights([self.model.layers, self.head])
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy checkpoint tensors (HF names) into this rank's shards; every parameter must

@@ -28,5 +28,5 @@ class PagedAttention(nn.Module):
         """q: [T, Hq, D], k/v: [T, Hkv, D] for the new tokens -> [T, Hq * D]."""
         k_cache, v_cache = kv_cache
         dispatch.store_kv(k, v, k_cache, v_cache, md.slot_mapping)
-        out = dispatch.paged_attention(q, k_cache, v_cache, md, self.scale)
+        out = dispatch.paged_attention(q, k_cache, v_cache, md, self.scale, k, v)
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)

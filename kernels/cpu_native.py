@@ -1,0 +1,104 @@
+"""Builds and loads the CPU engine's one C kernel (``cpu_decode.c``), as vLLM's CPU backend
+ships C++ attention: decode attention over a paged cache is memory-bound, and plain torch
+ops can only reach it by gathering the context into a padded copy first, which reads and
+writes every byte again.
+
+Compiled once per machine with the system C compiler into ``$TESSEL_CACHE_DIR/kernels``
+(default ``~/.cache/tessel/kernels``), keyed by the source and flags; where no compiler works,
+``decode_kernel()`` is None and the engine keeps the torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("tessel.kernels")
+
+SOURCE = Path(__file__).with_name("cpu_decode.c")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-math-only", "-shared", "-fPIC"]
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("TESSEL_CACHE_DIR") or Path.home() / ".cache" / "tessel"
+    return Path(root) / "kernels"
+
+
+def _build() -> Path | None:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join([compiler, *FLAGS]).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"cpu_decode-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        cmd = [compiler, *FLAGS, "-o", str(built), str(SOURCE), "-lm"]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            log.warning("could not build %s (%s); CPU decode attention uses torch ops", SOURCE.name, result.stderr.strip()[-300:])
+            return None
+        os.replace(built, target)  # atomic: a concurrent builder finds a whole file or none
+    return target
+
+
+@cache
+def decode_kernel() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    """The compiled ``paged_decode_f32``, or None where it cannot be built or loaded."""
+    if os.environ.get("TESSEL_CPU_KERNELS", "native") != "native":
+        return None
+    try:
+        path = _build()
+        fn = ctypes.CDLL(str(path)).paged_decode_f32 if path is not None else None
+    except OSError as exc:
+        log.warning("could not load the CPU decode kernel: %s", exc)
+        return None
+    if fn is not None:
+        p, i = ctypes.c_void_p, ctypes.c_int
+        fn.argtypes = [p, p, p, p, p, p, i, i, i, i, i, i, ctypes.c_float, i]
+        fn.restype = i
+    return fn
+
+
+def paged_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query token per request: q [B, Hq, D] fp32 over its first ``seq_lens[b]`` cached
+    tokens; block_tables [B, W] and seq_lens [B] int64 -> [B, Hq, D]."""
+    fn = decode_kernel()
+    if fn is None:
+        raise RuntimeError("the CPU decode kernel is not available")
+    batch, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, cache_dim = k_cache.shape
+    for name, t, dtype in (("q", q, torch.float32), ("k_cache", k_cache, torch.float32),
+                           ("v_cache", v_cache, torch.float32), ("block_tables", block_tables, torch.int64),
+                           ("seq_lens", seq_lens, torch.int64)):
+        if t.dtype != dtype or not t.is_contiguous() or t.device.type != "cpu":
+            raise ValueError(f"{name} must be a contiguous {dtype} CPU tensor, got {t.dtype} {tuple(t.stride())}")
+    if cache_dim != head_dim or v_cache.shape != k_cache.shape or block_tables.shape[0] != batch:
+        raise ValueError(f"shapes disagree: q {tuple(q.shape)}, cache {tuple(k_cache.shape)}, tables {tuple(block_tables.shape)}")
+    out = torch.empty_like(q)
+    code = fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
+              seq_lens.data_ptr(), out.data_ptr(), batch, num_heads, num_kv_heads, head_dim,
+              block_size, block_tables.shape[1], scale, torch.get_num_threads())
+    if code != 0:
+        raise ValueError(f"the CPU decode kernel does not take this shape (code {code}): "
+                         f"{num_heads} q heads, {num_kv_heads} KV heads, head_dim {head_dim}, block {block_size}")
+    return out
