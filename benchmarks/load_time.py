@@ -18,11 +18,14 @@ ROOT = Path(__file__).resolve().parent.parent
 TESSEL = """
 import json, sys, time
 t = time.perf_counter()
+import torch, transformers  # what every torch server pays at start, before any loading
+t_import = time.perf_counter()
 from config import ModelConfig
 from engine.loader import load_checkpoint
 ckpt = load_checkpoint(ModelConfig(cache_dir=sys.argv[1]))
 n = sum(w.numel() for _, w in ckpt.weights())
-print(json.dumps({"seconds": time.perf_counter() - t, "params": n}))
+end = time.perf_counter()
+print(json.dumps({"seconds": end - t, "load_seconds": end - t_import, "params": n}))
 """
 
 TRANSFORMERS = """
@@ -37,11 +40,11 @@ print(json.dumps({"seconds": time.perf_counter() - t}))
 """
 
 
-def timed(script: str, *args: str) -> float:
+def timed(script: str, *args: str, key: str = "seconds") -> float:
     out = subprocess.run(
         [sys.executable, "-c", script, *args], cwd=ROOT, check=True, capture_output=True, text=True
     ).stdout
-    return float(json.loads(out.strip().splitlines()[-1])["seconds"])
+    return float(json.loads(out.strip().splitlines()[-1])[key])
 
 
 def main() -> None:
@@ -49,11 +52,16 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--with-transformers", action="store_true")
     args = ap.parse_args()
-    rows: list[tuple[str, list[float]]] = [("tessel cold (fresh cache dir)", []), ("tessel warm (cached)", [])]
+    rows: list[tuple[str, list[float]]] = [
+        ("tessel cold (fresh cache dir), whole process", []),
+        ("tessel warm (cached), whole process", []),
+        ("tessel warm (cached), after `import torch, transformers`", []),
+    ]
     for _ in range(args.repeats):
         with tempfile.TemporaryDirectory() as cache:
             rows[0][1].append(timed(TESSEL, cache))
             rows[1][1].append(timed(TESSEL, cache))
+            rows[2][1].append(timed(TESSEL, cache, key="load_seconds"))
     if args.with_transformers:
         rows.append(("transformers from_pretrained(gguf_file=...)", [timed(TRANSFORMERS)]))
     print("Fresh process each, import time included; seconds (median of runs)")

@@ -86,10 +86,18 @@ def make_prompts(n: int, input_len: int, range_ratio: float, seed: int, as_text:
     return [[rng.randrange(1000, 10000) for _ in range(k)] for k in lengths]
 
 
-def request_body(args: argparse.Namespace, prompt: Any) -> dict[str, Any]:
+def sharegpt_like_lengths(n: int, seed: int) -> list[tuple[int, int]]:
+    """(input, output) token lengths drawn to resemble ShareGPT conversations: log-normal, long
+    tailed, medians 128 in and 128 out, clipped to [4, 1024] (synthetic: no data set here)."""
+    rng = random.Random(seed)
+    clip = lambda x: int(min(1024, max(4, x)))  # noqa: E731
+    return [(clip(rng.lognormvariate(4.85, 1.0)), clip(rng.lognormvariate(4.85, 0.8))) for _ in range(n)]
+
+
+def request_body(args: argparse.Namespace, prompt: Any, max_tokens: int | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": args.model,
-        "max_tokens": args.output_len,
+        "max_tokens": max_tokens or args.output_len,
         "temperature": 0.0,
         "ignore_eos": True,
         "stream": True,
@@ -138,7 +146,7 @@ async def send(
 
 
 async def run_load(
-    args: argparse.Namespace, prompts: list[Any]
+    args: argparse.Namespace, prompts: list[Any], output_lens: list[int] | None = None
 ) -> tuple[list[RequestResult], float]:
     """Send every prompt: Poisson arrivals at ``request_rate``, at most ``max_concurrency`` open."""
     path = "/v1/chat/completions" if args.endpoint == "chat" else "/v1/completions"
@@ -151,15 +159,15 @@ async def run_load(
         base_url=args.base_url, headers=headers, timeout=None, limits=limits
     ) as client:
 
-        async def one(prompt: Any) -> RequestResult:
+        async def one(prompt: Any, max_tokens: int | None) -> RequestResult:
             async with gate:
                 n = len(prompt) if isinstance(prompt, list) else len(prompt.split())
-                return await send(client, path, request_body(args, prompt), n)
+                return await send(client, path, request_body(args, prompt, max_tokens), n)
 
         start = time.perf_counter()
         tasks = []
-        for prompt in prompts:
-            tasks.append(asyncio.create_task(one(prompt)))
+        for i, prompt in enumerate(prompts):
+            tasks.append(asyncio.create_task(one(prompt, output_lens[i] if output_lens else None)))
             if args.request_rate != float("inf"):
                 await asyncio.sleep(rng.expovariate(args.request_rate))
         results = await asyncio.gather(*tasks)
@@ -271,6 +279,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--text-prompts", action="store_true", help="Random words instead of token ids.")
     p.add_argument(
+        "--lengths", choices=["fixed", "sharegpt"], default="fixed",
+        help="fixed: --input-len/--output-len (+- --range-ratio); sharegpt: synthetic ShareGPT-like.",
+    )
+    p.add_argument(
         "--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second."
     )
     p.add_argument("--max-concurrency", type=int, default=None, help="Most requests open at once.")
@@ -311,10 +323,17 @@ def main(argv: list[str] | None = None) -> int:
             ).json()
             args.model = models["data"][0]["id"]
         as_text = args.text_prompts or args.endpoint == "chat"
-        prompts = make_prompts(
-            args.num_prompts, args.input_len, args.range_ratio, args.seed, as_text
-        )
-        results, duration = asyncio.run(run_load(args, prompts))
+        output_lens = None
+        if args.lengths == "sharegpt":
+            pairs = sharegpt_like_lengths(args.num_prompts, args.seed)
+            rng = random.Random(args.seed)
+            prompts = [[rng.randrange(1000, 10000) for _ in range(i)] for i, _ in pairs]
+            output_lens = [o for _, o in pairs]
+        else:
+            prompts = make_prompts(
+                args.num_prompts, args.input_len, args.range_ratio, args.seed, as_text
+            )
+        results, duration = asyncio.run(run_load(args, prompts, output_lens))
         slo = {
             k: v
             for k, v in (

@@ -46,7 +46,8 @@ def _decode_configs() -> list[triton.Config]:
     # The first entry is the untuned default (also the interpreter's).
     shapes = [(64, 4, 3)]
     if autotune_enabled():
-        shapes += [(64, 4, 4), (64, 4, 5), (128, 4, 3), (128, 8, 3), (32, 4, 4), (32, 4, 6), (64, 8, 4)]
+        shapes += [(64, 4, 4), (64, 4, 5), (128, 4, 3), (128, 8, 3), (32, 4, 4), (32, 4, 6), (64, 8, 4),
+                   (64, 4, 6), (128, 8, 4), (32, 8, 6)]
     return [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s) for n, w, s in shapes]
 
 

@@ -102,3 +102,29 @@ def test_decode_launcher_names_bad_arguments() -> None:
         paged_decode(q, kc, vc, md.block_tables.long(), plan, 0.125)
     with pytest.raises(ValueError, match="multiple of KV heads"):
         paged_decode(q[:, :3], kc, vc, md.block_tables, plan, 0.125)
+
+
+@pytest.mark.parametrize("counts", [[70, 1, 3], [33, 32, 2]], ids=["70-1-3", "33-32-2"])
+def test_merge_combines_many_partials(device: str, counts: list[int]) -> None:
+    """More partials than one merge iteration takes (32), beside single-tile requests that the
+    merge must leave alone; against the log-sum-exp combination in float64."""
+    import numpy as np
+
+    from kernels.attention.merge import merge_partials
+
+    hq, d, batch = 4, 64, len(counts)
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    tiles = int(sum(counts))
+    g = torch.Generator().manual_seed(1)
+    part_out = torch.randn(tiles, hq, d, generator=g)
+    part_lse = torch.randn(tiles, hq, generator=g) * 4
+    sched = torch.tensor(np.concatenate([first, counts]), dtype=torch.int32)
+    got = torch.full((batch, hq, d), 7.0, device=device)  # single-tile rows must stay untouched
+    merge_partials(got, part_out.to(device), part_lse.to(device), sched.to(device), first_off=0, batch=batch)
+    for r, (f, c) in enumerate(zip(first, counts, strict=True)):
+        if c == 1:
+            assert (got[r].cpu() == 7.0).all()
+            continue
+        w = torch.softmax(part_lse[f : f + c].double() * np.log(2), dim=0)  # lse is in log2 units
+        expected = (w[..., None] * part_out[f : f + c].double()).sum(0)
+        torch.testing.assert_close(got[r].cpu().double(), expected, atol=1e-5, rtol=1e-5)
