@@ -49,8 +49,8 @@ def _scaled_mm_kernel(
             b = tl.load(b_ptrs)
         else:
             left = K - k * BLOCK_K
-            a = tl.load(a_ptrs, mask=offs_k[None, :] < left, other=0)
-            b = tl.load(b_ptrs, mask=offs_k[:, None] < left, other=0)
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < left, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < left, other=0.0)
         acc = tl.dot(a, b, acc, out_dtype=ACC_DTYPE)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
