@@ -17,11 +17,13 @@ from kernels.quant import gemm_configs
 from kernels.quant.types import FP8_DTYPE
 
 
-@triton.jit
+# M varies every step: not specialised on, so one compile serves every batch size.
+@triton.jit(do_not_specialize=["M", "M_BUCKET"])
 def _scaled_mm_kernel(
     a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr,
     M, N, K, stride_am, stride_bn, stride_cm,
-    M_BUCKET: tl.constexpr,  # keys the autotuner (see gemm_configs); unused in the body
+    M_BUCKET,  # keys the autotuner (see gemm_configs); unused in the body, not a constexpr so
+    # buckets sharing a tile config share its compiled kernel
     ACC_DTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, RAW_ACC: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
