@@ -45,7 +45,7 @@ class LinearMethod:
         layer.weight = make_param((out_features, in_features), loader, input_dim=1)
 
     def apply(self, layer: nn.Module, x: Any, bias: torch.Tensor | None) -> torch.Tensor:
-        return F.linear(x, layer.weight, bias)
+        return F.linear(x, layer.weight, bias)  # type: ignore[arg-type]  # plain attribute: hot path
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Called once every checkpoint tensor is in (e.g. to quantize or repack)."""

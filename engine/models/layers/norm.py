@@ -3,6 +3,8 @@ quantization of the linear layer that follows it."""
 
 from __future__ import annotations
 
+from typing import overload
+
 import torch
 from torch import nn
 
@@ -19,6 +21,14 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dispatch.rms_norm(x, self.weight, self.eps)
 
+    @overload
+    def add_and_norm(
+        self, x: torch.Tensor, residual: torch.Tensor | None, quant: None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    @overload
+    def add_and_norm(
+        self, x: torch.Tensor, residual: torch.Tensor | None, quant: torch.dtype | None
+    ) -> tuple[torch.Tensor | QuantizedTensor, torch.Tensor]: ...
     def add_and_norm(
         self, x: torch.Tensor, residual: torch.Tensor | None, quant: torch.dtype | None = None
     ) -> tuple[torch.Tensor | QuantizedTensor, torch.Tensor]:

@@ -53,7 +53,7 @@ def calibration_prompts(path: str | None) -> list[str]:
 def prefill_hidden(model: nn.Module, token_ids: list[int], block_size: int = 16) -> torch.Tensor:
     """Final hidden states [T, hidden] of one prompt, through a scratch paged KV cache."""
     arch: Any = model.arch  # type: ignore[attr-defined]
-    ref = model.model.embed_tokens.weight  # type: ignore[union-attr]
+    ref = model.get_parameter("model.embed_tokens.weight")
     device, dtype, n = ref.device, ref.dtype, len(token_ids)
     blocks = -(-n // block_size)
     shape = (blocks, block_size, arch.num_key_value_heads, arch.head_dim)

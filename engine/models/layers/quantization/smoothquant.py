@@ -10,6 +10,7 @@ op to fold into and is left as is, as in the paper.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -50,7 +51,8 @@ def smoothing_scales(act_absmax: torch.Tensor, weight: torch.Tensor, alpha: floa
 def smooth_model(model: nn.Module, prompts: Iterable[list[int]], alpha: float) -> None:
     """Calibrate on ``prompts`` and fold the smoothing scales into every decoder layer."""
     stats = input_absmax(model, prompts)
-    for i, layer in enumerate(model.model.layers):  # type: ignore[union-attr]
+    layers = cast(list[Any], model.get_submodule("model.layers"))  # LlamaDecoderLayer, duck-typed
+    for i, layer in enumerate(layers):
         prefix = f"model.layers.{i}"
         attn, mlp = layer.self_attn, layer.mlp
         s = smoothing_scales(stats[f"{prefix}.self_attn.qkv_proj"], attn.qkv_proj.weight, alpha)

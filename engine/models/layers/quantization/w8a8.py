@@ -35,19 +35,16 @@ class W8A8LinearMethod(LinearMethod):
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         if self.from_checkpoint:
-            scale = layer.weight_scale.data.float()
+            scale = layer.get_parameter("weight_scale").data.float()
         else:
-            quantized = quant_reference.quantize_rows(layer.weight.data, self.qdtype)
+            quantized = quant_reference.quantize_rows(layer.get_parameter("weight").data, self.qdtype)
             layer.weight = nn.Parameter(quantized.data, requires_grad=False)
             scale = quantized.scale
         layer.weight_scale = nn.Parameter(scale.reshape(-1, 1).contiguous(), requires_grad=False)
 
     def apply(self, layer: nn.Module, x: Any, bias: torch.Tensor | None) -> torch.Tensor:
-        if isinstance(x, QuantizedTensor):
-            xq = x
-            lead: tuple[int, ...] = tuple(x.shape[:-1])
-        else:
-            xq = dispatch.quantize_rows(x, self.qdtype)
-            lead = tuple(x.shape[:-1])
-        out = dispatch.scaled_mm(xq.data, xq.scale, layer.weight, layer.weight_scale, bias, xq.dtype)
-        return out.view(*lead, out.shape[-1])
+        xq = x if isinstance(x, QuantizedTensor) else dispatch.quantize_rows(x, self.qdtype)
+        out = dispatch.scaled_mm(
+            xq.data, xq.scale, layer.weight, layer.weight_scale, bias, xq.dtype  # type: ignore[arg-type]
+        )
+        return out.view(*x.shape[:-1], out.shape[-1])
