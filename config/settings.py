@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 LoadFormat = Literal["auto", "gguf", "hf", "dummy"]
+Quantization = Literal["int8", "fp8"]
 
 
 class _Frozen(BaseModel):
@@ -32,6 +33,27 @@ class ModelConfig(_Frozen):
     """Seed for random weights and for unseeded sampling."""
     cache_dir: str | None = None
     """Where converted GGUF weights are cached; default ``~/.cache/tessel``."""
+    quantization: Quantization | None = None
+    """W8A8 for the decoder's linear layers (qkv, o, gate/up, down; embedding, lm_head and norms
+    stay in the model dtype): int8 = symmetric int8 weights per output channel, int8 activations
+    per token; fp8 = the same with E4M3 (CUDA, compute capability >= 8.9). None: as the
+    checkpoint's quantization_config says (compressed-tensors W8A8), else unquantized."""
+    smoothquant_alpha: float | None = Field(default=None, ge=0, le=1)
+    """SmoothQuant strength for load-time quantization: each input channel of a linear layer is
+    divided by max|x|^alpha / max|w|^(1-alpha) (folded into the norm or up projection before
+    it) and its weight column multiplied by the same. None: no smoothing."""
+    smoothquant_calibration: str | None = None
+    """Text file of SmoothQuant calibration prompts, one per line; None: the built-in prompts."""
+
+    @model_validator(mode="after")
+    def _smoothing_needs_quantization(self) -> ModelConfig:
+        if self.quantization is None and (
+            self.smoothquant_alpha is not None or self.smoothquant_calibration is not None
+        ):
+            raise ValueError("smoothquant_alpha / smoothquant_calibration need quantization set")
+        if self.smoothquant_calibration is not None and self.smoothquant_alpha is None:
+            raise ValueError("smoothquant_calibration is given but smoothquant_alpha is not")
+        return self
 
 
 class CacheConfig(_Frozen):

@@ -13,6 +13,8 @@ from config.model_arch import ModelArch
 from config.settings import EngineConfig
 from engine.kv_cache.manager import KVCacheManager
 from engine.loader import load_checkpoint
+from engine.models.layers.quantization import QuantConfig, quantize_model, resolve_quant_config
+from engine.models.layers.quantization.compressed_tensors import drop_zero_points
 from engine.models.registry import build_model
 from engine.output_processor import OutputProcessor
 from engine.runner.cuda_graph import default_graph_sizes
@@ -68,12 +70,15 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
             f"max_model_len {config.model.max_model_len} exceeds the model's context length "
             f"{arch.max_position_embeddings}"
         )
+    quant = resolve_quant_config(config.model, checkpoint.hf_config, device)
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = build_model(arch, max_model_len)
-        model.load_weights(checkpoint.weights())
+            model = build_model(arch, max_model_len, quant=quant)
+        model.load_weights(drop_zero_points(checkpoint.weights()) if quant else checkpoint.weights())
+        if quant is not None:
+            quantize_model(model, quant, checkpoint.tokenizer)
     finally:
         torch.set_default_dtype(default_dtype)
     model.eval()
@@ -95,9 +100,9 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         raise ValueError(f"{checkpoint.source} has no tokenizer")
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else next(iter(arch.eos_token_ids), None)
     log.info(
-        "loaded %s (%s, %s on %s) in %.1f s; %d KV blocks of %d tokens",
-        checkpoint.served_name, arch.architecture, str(dtype).removeprefix("torch."), device,
-        time.perf_counter() - start, num_blocks, config.cache.block_size,
+        "loaded %s (%s, %s%s on %s) in %.1f s; %d KV blocks of %d tokens",
+        checkpoint.served_name, arch.architecture, str(dtype).removeprefix("torch."), _quant_note(quant),
+        device, time.perf_counter() - start, num_blocks, config.cache.block_size,
     )
     return EngineParts(
         arch=arch,
@@ -112,6 +117,12 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         device=device,
         overlap_scheduling=config.overlap_scheduling,
     )
+
+
+def _quant_note(quant: QuantConfig | None) -> str:
+    if quant is None:
+        return ""
+    return f", W8A8 {quant.scheme}" + (" from the checkpoint" if quant.from_checkpoint else "")
 
 
 def _runner_limits(config: EngineConfig, max_model_len: int, device: torch.device) -> RunnerLimits:

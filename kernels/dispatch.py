@@ -12,6 +12,8 @@ import torch.nn.functional as F
 
 from kernels import cpu_attention, cpu_linear, reference
 from kernels.attention.metadata import AttentionMetadata
+from kernels.quant import reference as quant_reference
+from kernels.quant.types import QuantizedTensor
 
 
 @cache
@@ -106,3 +108,39 @@ def paged_attention(
     if _use_cpu_fast_path(q):
         return cpu_attention.paged_attention(q, k_cache, v_cache, md, scale, k_new, v_new)
     return reference.paged_attention(q, k_cache, v_cache, md, scale)
+
+
+def quantize_rows(x: torch.Tensor, qdtype: torch.dtype) -> QuantizedTensor:
+    """Per-token symmetric int8/fp8 quantization of activations."""
+    if _use_triton(x):
+        return _ops().quantize_rows(x, qdtype)
+    return quant_reference.quantize_rows(x, qdtype)
+
+
+def rms_norm_quant(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, qdtype: torch.dtype
+) -> tuple[QuantizedTensor, torch.Tensor]:
+    """RMSNorm (after the residual add, when given) quantized per token; (quantized, residual)."""
+    if _use_triton(x):
+        return _ops().rms_norm_quant(x, residual, weight, eps, qdtype)
+    return quant_reference.rms_norm_quant(x, residual, weight, eps, qdtype)
+
+
+def silu_and_mul_quant(x: torch.Tensor, qdtype: torch.dtype) -> QuantizedTensor:
+    if _use_triton(x):
+        return _ops().silu_and_mul_quant(x, qdtype)
+    return quant_reference.silu_and_mul_quant(x, qdtype)
+
+
+def scaled_mm(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    b: torch.Tensor,
+    b_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """``(a @ b.T) * a_scale * b_scale + bias`` for int8 or fp8 ``a``/``b``, in ``out_dtype``."""
+    if _use_triton(a):
+        return _ops().scaled_mm(a, a_scale, b, b_scale, bias, out_dtype)
+    return quant_reference.scaled_mm(a, a_scale, b, b_scale, bias, out_dtype)

@@ -12,9 +12,14 @@ from kernels.attention.decode import DecodeConfig
 from kernels.attention.metadata import AttentionMetadata
 from kernels.kv_store import store_kv
 from kernels.norm import fused_add_rms_norm, rms_norm
+from kernels.quant.act_quant import quantize_rows, rms_norm_quant, silu_and_mul_quant
+from kernels.quant.gemm import scaled_mm
 from kernels.rope import apply_rope
 
-__all__ = ["apply_rope", "fused_add_rms_norm", "paged_attention", "rms_norm", "silu_and_mul", "store_kv"]
+__all__ = [
+    "apply_rope", "fused_add_rms_norm", "paged_attention", "quantize_rows", "rms_norm", "rms_norm_quant",
+    "scaled_mm", "silu_and_mul", "silu_and_mul_quant", "store_kv",
+]
 
 # TESSEL_DECODE_SPLIT picks a comparison variant: balanced (default) | static | none.
 DECODE_CONFIG = DecodeConfig(mode=os.environ.get("TESSEL_DECODE_SPLIT", "balanced"))  # type: ignore[arg-type]

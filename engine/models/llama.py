@@ -11,7 +11,9 @@ from torch import nn
 from config.model_arch import ModelArch
 from engine.models.layers.attention import PagedAttention
 from engine.models.layers.linear import (
+    UNQUANTIZED,
     ColumnParallelLinear,
+    LinearMethod,
     RowParallelLinear,
     VocabParallelEmbedding,
     default_weight_loader,
@@ -19,9 +21,11 @@ from engine.models.layers.linear import (
 )
 from engine.models.layers.norm import RMSNorm
 from engine.models.layers.parallel import SINGLE, ParallelRank
+from engine.models.layers.quantization import QuantConfig
 from engine.models.layers.rotary import RotaryEmbedding
 from kernels import dispatch
 from kernels.attention.metadata import AttentionMetadata
+from kernels.quant.types import QuantizedTensor
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -35,8 +39,16 @@ PACKED_MODULES = {
 }
 
 
+def _method(quant: QuantConfig | None, name: str) -> LinearMethod:
+    """The linear method of module ``name``; W8A8 only for a checkpoint already quantized (a
+    float one is quantized after loading, by ``quantize_model``)."""
+    return UNQUANTIZED if quant is None else quant.linear_method(name)
+
+
 class LlamaAttention(nn.Module):
-    def __init__(self, arch: ModelArch, max_positions: int, tp: ParallelRank) -> None:
+    def __init__(
+        self, arch: ModelArch, max_positions: int, tp: ParallelRank, quant: QuantConfig | None = None, prefix: str = ""
+    ) -> None:
         super().__init__()
         d = arch.head_dim
         self.num_heads = tp.shard(arch.num_attention_heads, "num_attention_heads")
@@ -48,8 +60,11 @@ class LlamaAttention(nn.Module):
             bias=arch.qkv_bias,
             tp=tp,
             shard_ids=["q", "k", "v"],
+            method=_method(quant, f"{prefix}.qkv_proj"),
         )
-        self.o_proj = RowParallelLinear(arch.num_attention_heads * d, arch.hidden_size, tp=tp)
+        self.o_proj = RowParallelLinear(
+            arch.num_attention_heads * d, arch.hidden_size, tp=tp, method=_method(quant, f"{prefix}.o_proj")
+        )
         self.q_norm = RMSNorm(d, arch.rms_norm_eps) if arch.qk_norm else None
         self.k_norm = RMSNorm(d, arch.rms_norm_eps) if arch.qk_norm else None
         self.rotary = RotaryEmbedding(d, max_positions, arch.rope_theta, arch.rope_scaling)
@@ -57,7 +72,7 @@ class LlamaAttention(nn.Module):
         self.head_dim = d
 
     def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, kv_cache: KVCache, md: AttentionMetadata
+        self, positions: torch.Tensor, x: torch.Tensor | QuantizedTensor, kv_cache: KVCache, md: AttentionMetadata
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)
@@ -70,22 +85,29 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, arch: ModelArch, tp: ParallelRank) -> None:
+    def __init__(self, arch: ModelArch, tp: ParallelRank, quant: QuantConfig | None = None, prefix: str = "") -> None:
         super().__init__()
         self.gate_up_proj = ColumnParallelLinear(
-            arch.hidden_size, [arch.intermediate_size] * 2, tp=tp, shard_ids=["gate", "up"]
+            arch.hidden_size, [arch.intermediate_size] * 2, tp=tp, shard_ids=["gate", "up"],
+            method=_method(quant, f"{prefix}.gate_up_proj"),
         )
-        self.down_proj = RowParallelLinear(arch.intermediate_size, arch.hidden_size, tp=tp)
+        self.down_proj = RowParallelLinear(
+            arch.intermediate_size, arch.hidden_size, tp=tp, method=_method(quant, f"{prefix}.down_proj")
+        )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(dispatch.silu_and_mul(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor | QuantizedTensor) -> torch.Tensor:
+        h = self.gate_up_proj(x)
+        quant = self.down_proj.input_quant
+        return self.down_proj(dispatch.silu_and_mul(h) if quant is None else dispatch.silu_and_mul_quant(h, quant))
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, arch: ModelArch, max_positions: int, tp: ParallelRank) -> None:
+    def __init__(
+        self, arch: ModelArch, max_positions: int, tp: ParallelRank, quant: QuantConfig | None = None, prefix: str = ""
+    ) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(arch, max_positions, tp)
-        self.mlp = LlamaMLP(arch, tp)
+        self.self_attn = LlamaAttention(arch, max_positions, tp, quant, f"{prefix}.self_attn")
+        self.mlp = LlamaMLP(arch, tp, quant, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
@@ -97,18 +119,19 @@ class LlamaDecoderLayer(nn.Module):
         kv_cache: KVCache,
         md: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        h, residual = self.input_layernorm.add_and_norm(x, residual)
+        h, residual = self.input_layernorm.add_and_norm(x, residual, self.self_attn.qkv_proj.input_quant)
         h = self.self_attn(positions, h, kv_cache, md)
-        h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
+        h, residual = self.post_attention_layernorm.add_and_norm(h, residual, self.mlp.gate_up_proj.input_quant)
         return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, arch: ModelArch, max_positions: int, tp: ParallelRank) -> None:
+    def __init__(self, arch: ModelArch, max_positions: int, tp: ParallelRank, quant: QuantConfig | None = None) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, tp)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(arch, max_positions, tp) for _ in range(arch.num_hidden_layers)
+            LlamaDecoderLayer(arch, max_positions, tp, quant, f"model.layers.{i}")
+            for i in range(arch.num_hidden_layers)
         )
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
@@ -128,10 +151,12 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, arch: ModelArch, max_positions: int, tp: ParallelRank = SINGLE) -> None:
+    def __init__(
+        self, arch: ModelArch, max_positions: int, tp: ParallelRank = SINGLE, quant: QuantConfig | None = None
+    ) -> None:
         super().__init__()
         self.arch = arch
-        self.model = LlamaModel(arch, max_positions, tp)
+        self.model = LlamaModel(arch, max_positions, tp, quant)
         self.lm_head = (
             None
             if arch.tie_word_embeddings

@@ -65,3 +65,13 @@ def test_invalid_values_name_the_field() -> None:
         parse("--block-size", "0")
     with pytest.raises(SystemExit):
         parse("--dtype", "int3")
+
+
+def test_quantization_flags_reach_the_model_config() -> None:
+    model = parse("--quantization", "int8", "--smoothquant-alpha", "0.5").engine_config().model
+    assert (model.quantization, model.smoothquant_alpha) == ("int8", 0.5)
+    assert parse("--quantization", "fp8").engine_config().model.quantization == "fp8"
+    assert ServerSettings().engine_config().model.quantization is None
+    with pytest.raises(SystemExit):  # argparse: not one of the choices
+        parse("--quantization", "int4")
+    assert "W8A8" in field_help("quantization")

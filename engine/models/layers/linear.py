@@ -4,11 +4,15 @@ Each parameter carries a ``weight_loader(param, full_weight, shard_id)``: the lo
 it the checkpoint tensor and the layer copies in the rows (column-parallel) or columns
 (row-parallel) this rank owns. Fused layers (QKV, gate/up) take several checkpoint tensors,
 each placed by ``shard_id``.
+
+How a layer stores its weight and computes ``x W^T`` is its ``LinearMethod`` (vLLM's hook):
+unquantized by default; ``engine/models/layers/quantization`` supplies the W8A8 one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -20,10 +24,35 @@ from kernels import cpu_linear, dispatch
 WeightLoader = Callable[[nn.Parameter, torch.Tensor, "str | None"], None]
 
 
-def _param(shape: Sequence[int], loader: WeightLoader) -> nn.Parameter:
-    p = nn.Parameter(torch.empty(*shape), requires_grad=False)
+def make_param(
+    shape: Sequence[int], loader: WeightLoader, dtype: torch.dtype | None = None, input_dim: int | None = None
+) -> nn.Parameter:
+    """A frozen parameter with its loader; ``input_dim``: the dim row-parallel layers shard
+    (None: the parameter has no input dim, e.g. a per-output-channel scale, and is replicated)."""
+    p = nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
     p.weight_loader = loader  # type: ignore[attr-defined]
+    p.input_dim = input_dim  # type: ignore[attr-defined]
     return p
+
+
+class LinearMethod:
+    """How a linear layer holds its weight and computes ``x W^T + b``: unquantized here."""
+
+    input_quant: torch.dtype | None = None
+    """Dtype the layer wants its input quantized to (per token) by the op before it, if any."""
+
+    def create_weights(self, layer: nn.Module, in_features: int, out_features: int, loader: WeightLoader) -> None:
+        layer.weight = make_param((out_features, in_features), loader, input_dim=1)
+
+    def apply(self, layer: nn.Module, x: Any, bias: torch.Tensor | None) -> torch.Tensor:
+        # plain attributes: hot path; ``packed`` is the CPU's oneDNN layout (pack_cpu_weights)
+        return dispatch.linear(x, layer.weight, bias, layer.packed)  # type: ignore[arg-type]
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Called once every checkpoint tensor is in (e.g. to quantize or repack)."""
+
+
+UNQUANTIZED = LinearMethod()
 
 
 class ColumnParallelLinear(nn.Module):
@@ -36,13 +65,16 @@ class ColumnParallelLinear(nn.Module):
         bias: bool = False,
         tp: ParallelRank = SINGLE,
         shard_ids: Sequence[str] | None = None,
+        method: LinearMethod = UNQUANTIZED,
     ) -> None:
         super().__init__()
         self.tp = tp
         self.local_sizes = [tp.shard(n, "output features") for n in out_sizes]
         self.shard_ids = list(shard_ids) if shard_ids else [""]
-        self.weight = _param((sum(self.local_sizes), in_features), self._load)
-        self.bias = _param((sum(self.local_sizes),), self._load) if bias else None
+        self.in_features, self.out_features = in_features, sum(self.local_sizes)
+        self.method = method
+        method.create_weights(self, in_features, self.out_features, self._load)
+        self.bias = make_param((self.out_features,), self._load) if bias else None
         self.packed: torch.Tensor | None = None  # CPU: ``weight`` packed for oneDNN (pack_cpu_weights)
 
     def _load(self, param: nn.Parameter, full: torch.Tensor, shard_id: str | None) -> None:
@@ -52,26 +84,43 @@ class ColumnParallelLinear(nn.Module):
         rows = full.narrow(0, self.tp.rank * size, size)
         param.data.narrow(0, offset, size).copy_(rows)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dispatch.linear(x, self.weight, self.bias, self.packed)
+    @property
+    def input_quant(self) -> torch.dtype | None:
+        return self.method.input_quant
+
+    def forward(self, x: Any) -> torch.Tensor:
+        """``x``: activations, or a ``QuantizedTensor`` when ``input_quant`` asked for one."""
+        return self.method.apply(self, x, self.bias)
 
 
 class RowParallelLinear(nn.Module):
     """y = x W^T with W's input columns split across ranks; partial sums need an all-reduce
     (a no-op at one rank)."""
 
-    def __init__(self, in_features: int, out_features: int, tp: ParallelRank = SINGLE) -> None:
+    def __init__(
+        self, in_features: int, out_features: int, tp: ParallelRank = SINGLE, method: LinearMethod = UNQUANTIZED
+    ) -> None:
         super().__init__()
         self.tp = tp
         self.local_in = tp.shard(in_features, "input features")
-        self.weight = _param((out_features, self.local_in), self._load)
+        self.in_features, self.out_features = self.local_in, out_features
+        self.method = method
+        method.create_weights(self, self.local_in, out_features, self._load)
         self.packed: torch.Tensor | None = None  # CPU: ``weight`` packed for oneDNN (pack_cpu_weights)
 
     def _load(self, param: nn.Parameter, full: torch.Tensor, shard_id: str | None) -> None:
-        param.data.copy_(full.narrow(1, self.tp.rank * self.local_in, self.local_in))
+        dim = getattr(param, "input_dim", None)
+        if dim is None:  # e.g. a per-output-channel scale: every rank holds all of it
+            param.data.copy_(full)
+        else:
+            param.data.copy_(full.narrow(dim, self.tp.rank * self.local_in, self.local_in))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dispatch.linear(x, self.weight, None, self.packed)
+    @property
+    def input_quant(self) -> torch.dtype | None:
+        return self.method.input_quant
+
+    def forward(self, x: Any) -> torch.Tensor:
+        return self.method.apply(self, x, None)
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -81,7 +130,7 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         self.tp = tp
         self.local_vocab = tp.shard(vocab_size, "vocab_size")
-        self.weight = _param((self.local_vocab, dim), self._load)
+        self.weight = make_param((self.local_vocab, dim), self._load)
         self.packed: torch.Tensor | None = None  # CPU, as the LM head: ``weight`` packed for oneDNN
 
     def _load(self, param: nn.Parameter, full: torch.Tensor, shard_id: str | None) -> None:
@@ -103,7 +152,8 @@ def pack_cpu_weights(modules: list[nn.Module]) -> int:
     for root in modules:
         for m in root.modules():
             is_head = m is root and isinstance(m, VocabParallelEmbedding)
-            if isinstance(m, (ColumnParallelLinear, RowParallelLinear)) or is_head:
+            is_plain = isinstance(m, (ColumnParallelLinear, RowParallelLinear)) and m.method is UNQUANTIZED
+            if is_plain or is_head:
                 m.packed = cpu_linear.pack(m.weight)
                 count += m.packed is not None
     return count

