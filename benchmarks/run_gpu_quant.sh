@@ -3,14 +3,7 @@
 # Usage on the GPU machine, from the repo root (wheels for pydantic/gguf carried in .whl/ if absent):
 #   bash benchmarks/run_gpu_quant.sh
 set -uo pipefail
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:.
-else
-  export PYTHONPATH=.
-fi
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source benchmarks/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider -m gpu -s \
   tests/kernels/test_quant.py tests/gpu/test_quant_gpu.py 2>&1 | tee "$OUT/pytest_quant_gpu.log" | tail -25
