@@ -51,6 +51,7 @@ class Generation:
         params: SamplingParams,
     ) -> None:
         self.engine = engine
+        self.request_id = request_id
         self.metrics = metrics
         self.ticket = ticket
         self.params = params

@@ -181,7 +181,7 @@ class EngineStatsCollector(Collector):
         ("tessel_num_requests_waiting", "num_waiting", "Requests waiting for a batch slot."),
         ("tessel_kv_cache_usage_perc", "kv_usage", "Fraction of KV-cache blocks in use (0..1)."),
         ("tessel_kv_cache_blocks_used", "kv_blocks_used", "KV-cache blocks held by requests."),
-        ("tessel_kv_cache_blocks_total", "kv_blocks_total", "KV-cache blocks allocated."),
+        ("tessel_kv_cache_blocks_capacity", "kv_blocks_total", "KV-cache blocks allocated."),
     )
     COUNTERS = (
         (

@@ -83,23 +83,3 @@ def completion_choice(
         "logprobs": logprobs,
         "finish_reason": finish_reason,
     }
-
-
-def completion_body(
-    request_id: str,
-    created: int,
-    model: str,
-    choices: list[dict[str, Any]],
-    usage: dict[str, int] | None,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": request_id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
-        "system_fingerprint": None,
-    }
-    if usage is not None:
-        body["usage"] = usage
-    return body
