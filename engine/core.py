@@ -38,6 +38,10 @@ class _Parent:
         return all(c.is_finished for c in self.children)
 
 
+class InjectedStepFault(RuntimeError):
+    """Raised by a step when a test injected a fault (``EngineCore.inject_fault``)."""
+
+
 class EngineCore:
     """Synchronous engine: ``add_request`` any time between steps, ``step`` in a loop."""
 
@@ -56,6 +60,31 @@ class EngineCore:
         self.overlap = parts.overlap_scheduling
         self._inflight: InFlightStep | None = None  # launched, results not yet read (overlap)
         self.step_stats = PipelineStats()
+        self._faults: list[tuple[str, float]] = []  # test-only: see inject_fault
+
+    # ---- test-only fault injection ---------------------------------------------------
+
+    def inject_fault(self, kind: str = "raise", seconds: float = 0.0) -> None:
+        """Test-only: the next step that runs the model raises ``InjectedStepFault``
+        (``kind="raise"``), or blocks ``seconds`` first (``kind="stall"``, a stuck device)."""
+        if kind not in ("raise", "stall"):
+            raise ValueError(f"fault kind must be 'raise' or 'stall', got {kind!r}")
+        self._faults.append((kind, seconds))
+
+    def _fault_point(self) -> None:
+        """Where an injected fault strikes: scheduled, blocks allocated, model not yet run."""
+        if not self._faults:
+            return
+        kind, seconds = self._faults.pop(0)
+        if kind == "stall":
+            time.sleep(seconds)
+            return
+        raise InjectedStepFault("injected fault in the model step")
+
+    def drop_inflight(self) -> None:
+        """After a failed step: forget the step in flight (its requests are aborted), so the
+        next step does not wait on it again."""
+        self._inflight = None
 
     # ---- requests in -----------------------------------------------------------------
 
@@ -165,6 +194,7 @@ class EngineCore:
             sched = self.scheduler.schedule()
             if sched.is_empty:
                 return []
+            self._fault_point()
             inflight = self.runner.launch(sched)
             return self._complete(inflight, placeholders=False)
         outputs: list[RequestOutput] = []
@@ -172,6 +202,8 @@ class EngineCore:
         if prev is not None and self._needs_history():
             outputs, prev, self._inflight = self._complete(prev, placeholders=True), None, None
         sched = self.scheduler.schedule()
+        if not sched.is_empty:
+            self._fault_point()
         cur = None if sched.is_empty else self.runner.launch(sched, prev)
         if prev is not None:
             outputs += self._complete(prev, placeholders=True)

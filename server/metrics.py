@@ -136,6 +136,10 @@ class ServerMetrics:
         """Export ``stats()`` (an ``EngineStats`` or None before the model loads) at each scrape."""
         self.registry.register(EngineStatsCollector(stats, lambda: self.model_name))
 
+    def add_server_collector(self, gauges: Callable[[], dict[str, float]]) -> None:
+        """Export the server's own gauges (``SERVER_GAUGES`` keys -> value) at each scrape."""
+        self.registry.register(ServerGaugeCollector(gauges, lambda: self.model_name))
+
     def rejected(self, reason: str) -> None:
         self.rejections.labels(self.model_name, reason).inc()
 
@@ -199,6 +203,7 @@ class EngineStatsCollector(Collector):
             "prefix_cache_hits_total",
             "Prompt tokens found in the prefix cache.",
         ),
+        ("tessel_engine_steps", "steps_total", "Engine steps completed."),
     )
 
     def __init__(self, stats: Callable[[], Any | None], model_name: Callable[[], str]) -> None:
@@ -221,3 +226,41 @@ class EngineStatsCollector(Collector):
             counter = CounterMetricFamily(metric, doc, labels=["model_name"])
             counter.add_metric([name], float(getattr(stats, attr)))
             yield counter
+        stages = CounterMetricFamily(
+            "tessel_engine_step_stage_seconds",
+            "Time spent in each stage of the engine step pipeline "
+            "(prepare, copy, compute, aggregate, return), summed over steps.",
+            labels=["model_name", "stage"],
+        )
+        for stage, seconds in sorted(stats.stage_seconds_total.items()):
+            stages.add_metric([name, stage], float(seconds))
+        yield stages
+
+
+SERVER_GAUGES = (
+    ("tessel_api_requests_in_flight", "in_flight", "HTTP generation requests admitted, not done."),
+    ("tessel_api_requests_queued", "queued", "Admitted requests with no output yet."),
+    ("tessel_api_queued_prompt_tokens", "queued_tokens", "Prompt tokens of those requests."),
+    ("tessel_engine_stalled", "stalled", "1 while the watchdog sees work pending, no step done."),
+)
+
+
+class ServerGaugeCollector(Collector):
+    """The HTTP layer's admission and health gauges, read when Prometheus scrapes."""
+
+    def __init__(
+        self, gauges: Callable[[], dict[str, float]], model_name: Callable[[], str]
+    ) -> None:
+        self._gauges = gauges
+        self._model_name = model_name
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        values = self._gauges()
+        name = self._model_name()
+        for metric, key, doc in SERVER_GAUGES:
+            gauge = GaugeMetricFamily(metric, doc, labels=["model_name"])
+            gauge.add_metric([name], float(values[key]))
+            yield gauge

@@ -28,7 +28,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         check_context(len(ids), params.max_tokens, engine.max_model_len, param)
         return [ids]
 
-    generation = start_generation(state, "chatcmpl", params, encode)
+    generation = start_generation(state, "chatcmpl", params, body, encode)
     view = ChatView(
         generation.request_id,
         state.served_model_name,
@@ -102,11 +102,14 @@ class ChatView(ResponseView):
     def closing_part(self, index: int, reason: str) -> dict[str, Any]:
         return {"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}
 
+    def output_text(self, index: int) -> str:
+        return "".join(self.choices[index].content)
+
     def body_choice(self, index: int, reason: str) -> dict[str, Any]:
         choice = self.choices[index]
         return {
             "index": index,
-            "message": {"role": "assistant", "content": "".join(choice.content)},
+            "message": {"role": "assistant", "content": self.output_text(index)},
             "logprobs": {"content": choice.logprobs} if self.want_logprobs else None,
             "finish_reason": reason,
         }

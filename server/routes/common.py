@@ -12,6 +12,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import Request
@@ -21,9 +22,11 @@ from starlette.background import BackgroundTask
 from engine.request import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
 from server.auth import server_state
-from server.generation import Generation
+from server.generation import Generation, GenerationFailed
+from server.limits import check_limits, effective_timeout
 from server.protocol.errors import APIError
 from server.protocol.response import response_body, usage_body
+from server.request_log import log_generation
 from server.state import ServerState
 from server.streaming import CLIENT_CLOSED, ClientDisconnected, sse_response, unless_disconnected
 
@@ -35,24 +38,34 @@ class GenerationBody(Protocol):
     """What ``open_request`` needs of a completions or chat request body."""
 
     model: str | None
+    n: int | None
     stream: bool
+    timeout: float | None
 
     @property
     def include_usage(self) -> bool: ...
 
+    @property
+    def stop_strings(self) -> list[str]: ...
+
     def check_unsupported(self) -> None: ...
+
+    def requested_max_tokens(self) -> tuple[int | None, str]: ...
+
+    def estimated_prompt_tokens(self) -> int: ...
 
     def to_sampling_params(self, vocab_size: int) -> SamplingParams: ...
 
 
 def open_request(
-    request: Request, body: GenerationBody
+    request: Request, body: GenerationBody, num_prompts: int = 1
 ) -> tuple[ServerState, AsyncEngine, SamplingParams]:
-    """The checks every generation route makes first: model name, unsupported fields,
-    readiness, sampling ranges (each a 4xx/503 naming its field)."""
+    """The checks every generation route makes first: model name, unsupported fields, the
+    server's limits, readiness, sampling ranges (each a 4xx/503 naming its field)."""
     state = server_state(request)
     state.check_model(body.model)
     body.check_unsupported()
+    check_limits(body, state.settings, num_prompts)
     engine = state.ready_engine()
     return state, engine, body.to_sampling_params(engine.vocab_size)
 
@@ -61,18 +74,26 @@ def start_generation(
     state: ServerState,
     id_prefix: str,
     params: SamplingParams,
+    body: GenerationBody,
     encode: Callable[[], list[list[int]]],
 ) -> Generation:
-    """Admit the request (429/503 before any tokenizing), then encode its prompts."""
+    """Admit the request (429/503 before any tokenizing or templating, on the body's
+    estimated prompt tokens), then encode its prompts."""
     engine = state.ready_engine()
-    ticket = state.admit()
+    ticket = state.admit(body.estimated_prompt_tokens())
     try:
         prompts = encode()
+        ticket.set_tokens(sum(len(ids) for ids in prompts))
     except BaseException:
         ticket.close()
         raise
+    limit = state.settings.max_tokens_limit
+    if limit is not None and params.max_tokens is None:  # null: up to the context, capped
+        room = engine.max_model_len - max(len(ids) for ids in prompts)
+        params = replace(params, max_tokens=min(limit, room))
     request_id = f"{id_prefix}-{uuid.uuid4().hex}"
-    return Generation(engine, state.metrics, ticket, request_id, prompts, params)
+    timeout_s = effective_timeout(body.timeout, state.settings)
+    return Generation(engine, state.metrics, ticket, request_id, prompts, params, timeout_s)
 
 
 class ResponseView(ABC):
@@ -107,6 +128,10 @@ class ResponseView(ABC):
     def body_choice(self, index: int, reason: str) -> dict[str, Any]:
         """Choice ``index`` of the non-streamed body."""
 
+    @abstractmethod
+    def output_text(self, index: int) -> str:
+        """Choice ``index``'s text so far (for the log, with ``log_prompts``)."""
+
     # ---- the shared frame ----------------------------------------------------------------
 
     def record(self, index: int, delta: CompletionOutput) -> None:
@@ -130,16 +155,27 @@ class ResponseView(ABC):
     ) -> AsyncIterator[dict[str, Any]]:
         for part in self.opening_parts():
             yield self.chunk([part])
-        async with generation:
-            async for prompt_index, output in generation:
-                for part in self.parts(prompt_index, output):
-                    yield self.chunk([part])
-        for index, reason in enumerate(self.finish_reasons):
-            if reason is None:  # e.g. max_tokens 0: the engine sent no delta for it
-                self.finish_reasons[index] = "length"
-                yield self.chunk([self.closing_part(index, "length")])
+        try:
+            async with generation:
+                async for prompt_index, output in generation:
+                    for part in self.parts(prompt_index, output):
+                        yield self.chunk([part])
+        except GenerationFailed as err:  # each open choice ends, then the error event
+            for part in self._close_open(err.finish_reason):
+                yield self.chunk([part])
+            raise
+        for part in self._close_open("length"):  # e.g. max_tokens 0: no delta for it
+            yield self.chunk([part])
         if include_usage:
             yield self.chunk([], self.usage())
+
+    def _close_open(self, reason: str) -> list[dict[str, Any]]:
+        parts = []
+        for index, current in enumerate(self.finish_reasons):
+            if current is None:
+                self.finish_reasons[index] = reason
+                parts.append(self.closing_part(index, reason))
+        return parts
 
     async def collect(self, generation: Generation) -> dict[str, Any]:
         async with generation:
@@ -158,10 +194,16 @@ async def respond(
     request: Request, generation: Generation, view: ResponseView, body: GenerationBody
 ) -> Response:
     """SSE of the view's chunks or JSON of its body; a vanished client aborts either way."""
+    state = server_state(request)
+
+    async def finish() -> None:
+        await generation.close()
+        _log(state, request.url.path, generation, view)
+
     if body.stream:
         # The background close covers a client gone before the stream's first step.
         response = sse_response(view.stream(generation, body.include_usage))
-        response.background = BackgroundTask(generation.close)
+        response.background = BackgroundTask(finish)
         return response
     try:
         return JSONResponse(await unless_disconnected(request, view.collect(generation)))
@@ -170,4 +212,21 @@ async def respond(
     except ValueError as err:  # the engine refused the prompt (its message names the numbers)
         raise APIError(400, str(err), param=getattr(err, "param", None)) from err
     finally:
-        await generation.close()
+        await finish()
+
+
+def _log(state: ServerState, route: str, generation: Generation, view: ResponseView) -> None:
+    prompts = outputs = None
+    if state.settings.log_prompts:
+        prompts = [str(generation.engine.tokenizer.decode(ids)) for ids in generation.prompts]
+        outputs = [view.output_text(i) for i in range(len(view.finish_reasons))]
+    log_generation(
+        route,
+        generation.request_id,
+        view.num_prompt_tokens,
+        sum(view.num_tokens),
+        view.finish_reasons,
+        time.monotonic() - generation.started_at,
+        prompts,
+        outputs,
+    )

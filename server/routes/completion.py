@@ -20,8 +20,8 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 
 @router.post("/v1/completions")
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
-    state, engine, params = open_request(request, body)
     prompts = body.prompts()
+    state, engine, params = open_request(request, body, len(prompts))
 
     def encode() -> list[list[int]]:
         encoded = [encode_prompt(engine.tokenizer, p, engine.vocab_size) for p in prompts]
@@ -29,7 +29,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
             check_context(len(ids), params.max_tokens, engine.max_model_len, "max_tokens")
         return encoded
 
-    generation = start_generation(state, "cmpl", params, encode)
+    generation = start_generation(state, "cmpl", params, body, encode)
     view = CompletionView(
         generation.request_id,
         state.served_model_name,
@@ -145,6 +145,9 @@ class CompletionView(ResponseView):
     def closing_part(self, index: int, reason: str) -> dict[str, Any]:
         return completion_choice(index, "", None, reason)
 
+    def output_text(self, index: int) -> str:
+        return "".join(self.choices[index].text)
+
     def body_choice(self, index: int, reason: str) -> dict[str, Any]:
         state = self.choices[index]
         logprobs = None
@@ -152,4 +155,4 @@ class CompletionView(ResponseView):
             logprobs = completion_logprobs(
                 state.tokens, state.token_logprobs, state.top_logprobs, 0
             )
-        return completion_choice(index, "".join(state.text), logprobs, reason)
+        return completion_choice(index, self.output_text(index), logprobs, reason)
