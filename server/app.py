@@ -91,6 +91,7 @@ def build_app(
 def _attach(state: ServerState, engine: AsyncEngine) -> None:
     state.served_model_name = state.settings.served_model_name or engine.model_name
     state.metrics.model_name = state.served_model_name
+    state.metrics.init_labels()
     state.engine = engine
 
 

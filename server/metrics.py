@@ -140,6 +140,13 @@ class ServerMetrics:
         """Export the server's own gauges (``SERVER_GAUGES`` keys -> value) at each scrape."""
         self.registry.register(ServerGaugeCollector(gauges, lambda: self.model_name))
 
+    def init_labels(self) -> None:
+        """Create every known series at 0 once the model's name is known, so dashboards and
+        alerts see ``rate() == 0`` rather than no series."""
+        for reason in FINISH_REASONS:
+            self.finished.labels(self.model_name, reason)
+        self.rejections.labels(self.model_name, "queue_full")
+
     def rejected(self, reason: str) -> None:
         self.rejections.labels(self.model_name, reason).inc()
 
