@@ -225,7 +225,7 @@ def _log(state: ServerState, route: str, generation: Generation, view: ResponseV
         generation.request_id,
         view.num_prompt_tokens,
         sum(view.num_tokens),
-        view.finish_reasons,
+        [reason for run in generation.runs for reason in run.reasons.values()],
         time.monotonic() - generation.started_at,
         prompts,
         outputs,

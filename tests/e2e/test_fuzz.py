@@ -105,4 +105,3 @@ def test_after_the_fuzz_nothing_is_left_and_it_serves(fuzz_server: ServerProcess
     )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
     assert "Traceback" not in fuzz_server.log(), fuzz_server.log()[-3000:]
-

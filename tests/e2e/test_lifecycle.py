@@ -23,6 +23,16 @@ def gauges(server: ServerProcess) -> dict[str, float]:
     return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
 
 
+def finished_total(server: ServerProcess, reason: str) -> float:
+    """``tessel_requests_finished_total`` for one finish reason."""
+    text = httpx.get(f"{server.base_url}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "tessel_requests_finished_total" and s.labels["finished_reason"] == reason:
+                return float(s.value)
+    return 0.0
+
+
 def wait_for(predicate, timeout_s: float) -> bool:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -45,6 +55,7 @@ with httpx.stream("POST", sys.argv[1] + "/v1/completions", json=body, headers={"
 
 def test_killed_client_leaves_no_kv_block(server: ServerProcess) -> None:
     idle_blocks = gauges(server)["tessel_kv_cache_blocks_used"]
+    aborts = finished_total(server, "abort")
     client = subprocess.Popen(
         [sys.executable, "-c", STREAMING_CLIENT, server.base_url, HEADERS["Authorization"]],
         stdout=subprocess.PIPE,
@@ -60,8 +71,7 @@ def test_killed_client_leaves_no_kv_block(server: ServerProcess) -> None:
         client.wait()
     assert wait_for(lambda: gauges(server)["tessel_num_requests_running"] == 0, timeout_s=15)
     assert gauges(server)["tessel_kv_cache_blocks_used"] == idle_blocks
-    finished = gauges(server)
-    assert finished.get("tessel_requests_finished_total", 0) >= 1  # the abort was counted
+    assert finished_total(server, "abort") == aborts + 1  # the abort was counted
 
 
 @pytest.mark.slow

@@ -125,8 +125,7 @@ async def test_soak_mixed_requests(make_app: Callable[..., FastAPI], engine: Asy
     assert totals["aborted"] > 50 and totals["timed_out"] > 50
     assert value(samples, "tessel_prompt_tokens_total", model_name="soak") == totals["prompt"]
     assert (
-        value(samples, "tessel_generation_tokens_total", model_name="soak")
-        == totals["completion"]
+        value(samples, "tessel_generation_tokens_total", model_name="soak") == totals["completion"]
     )
     for app in (served_app, broken_app):
         state = app.state.tessel
