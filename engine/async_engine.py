@@ -96,7 +96,7 @@ class AsyncEngine:
 
     def inject_step_fault(self, kind: str = "raise", seconds: float = 0.0) -> None:
         """Test-only: make the next model step raise, or stall for ``seconds``."""
-        self.core.inject_fault(kind, seconds)
+        self.core.faults.inject(kind, seconds)
 
     # ---- requests --------------------------------------------------------------------
 

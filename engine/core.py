@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, replace
 
 from engine.engine_setup import EngineParts
+from engine.faults import StepFaults
 from engine.request import (
     CompletionOutput,
     Logprob,
@@ -38,10 +39,6 @@ class _Parent:
         return all(c.is_finished for c in self.children)
 
 
-class InjectedStepFault(RuntimeError):
-    """Raised by a step when a test injected a fault (``EngineCore.inject_fault``)."""
-
-
 class EngineCore:
     """Synchronous engine: ``add_request`` any time between steps, ``step`` in a loop."""
 
@@ -60,26 +57,9 @@ class EngineCore:
         self.overlap = parts.overlap_scheduling
         self._inflight: InFlightStep | None = None  # launched, results not yet read (overlap)
         self.step_stats = PipelineStats()
-        self._faults: list[tuple[str, float]] = []  # test-only: see inject_fault
+        self.faults = StepFaults()  # test-only: injected step failures
 
-    # ---- test-only fault injection ---------------------------------------------------
-
-    def inject_fault(self, kind: str = "raise", seconds: float = 0.0) -> None:
-        """Test-only: the next step that runs the model raises ``InjectedStepFault``
-        (``kind="raise"``), or blocks ``seconds`` first (``kind="stall"``, a stuck device)."""
-        if kind not in ("raise", "stall"):
-            raise ValueError(f"fault kind must be 'raise' or 'stall', got {kind!r}")
-        self._faults.append((kind, seconds))
-
-    def _fault_point(self) -> None:
-        """Where an injected fault strikes: scheduled, blocks allocated, model not yet run."""
-        if not self._faults:
-            return
-        kind, seconds = self._faults.pop(0)
-        if kind == "stall":
-            time.sleep(seconds)
-            return
-        raise InjectedStepFault("injected fault in the model step")
+    # ---- failures ----------------------------------------------------------------------
 
     def drop_inflight(self) -> None:
         """After a failed step: forget the step in flight (its requests are aborted), so the
@@ -194,7 +174,7 @@ class EngineCore:
             sched = self.scheduler.schedule()
             if sched.is_empty:
                 return []
-            self._fault_point()
+            self.faults.strike()
             inflight = self.runner.launch(sched)
             return self._complete(inflight, placeholders=False)
         outputs: list[RequestOutput] = []
@@ -203,7 +183,7 @@ class EngineCore:
             outputs, prev, self._inflight = self._complete(prev, placeholders=True), None, None
         sched = self.scheduler.schedule()
         if not sched.is_empty:
-            self._fault_point()
+            self.faults.strike()
         cur = None if sched.is_empty else self.runner.launch(sched, prev)
         if prev is not None:
             outputs += self._complete(prev, placeholders=True)
