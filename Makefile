@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tessel-installed
 
-.PHONY: serve test lint bench-cpu
+.PHONY: serve test soak lint bench-cpu
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -20,6 +20,9 @@ serve: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider $(ARGS)
+
+soak: $(STAMP)
+	$(PY) -m pytest -q -s -p no:cacheprovider -m soak $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check config kernels engine server tests benchmarks

@@ -29,6 +29,10 @@ class EngineStepError(RuntimeError):
     """The model step failed; the requests it carried are ended with finish_reason 'error'."""
 
 
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped; no request can be served until the process restarts."""
+
+
 @dataclass
 class _Stream:
     queue: asyncio.Queue[RequestOutput | BaseException] = field(default_factory=asyncio.Queue)
@@ -67,6 +71,7 @@ class AsyncEngine:
         if self._task is None:
             self._wake = asyncio.Event()
             self._task = asyncio.create_task(self._run(), name="tessel-engine-loop")
+            self._task.add_done_callback(self._on_loop_end)
 
     async def shutdown(self) -> None:
         if self._task is not None:
@@ -81,6 +86,17 @@ class AsyncEngine:
 
     def stats(self) -> EngineStats:
         return self.core.stats()
+
+    def seconds_without_progress(self) -> float:
+        """How long work has been pending without a step completing; 0 while idle.
+        A watchdog turns a large value into "not ready" (a stuck device or loop)."""
+        if not (self.core.has_unfinished() or self._pending_adds):
+            return 0.0
+        return time.monotonic() - self.last_progress
+
+    def inject_step_fault(self, kind: str = "raise", seconds: float = 0.0) -> None:
+        """Test-only: make the next model step raise, or stall for ``seconds``."""
+        self.core.faults.inject(kind, seconds)
 
     # ---- requests --------------------------------------------------------------------
 
@@ -130,14 +146,18 @@ class AsyncEngine:
                 self._wake.clear()
                 if not self._pending_adds and not self._pending_aborts:
                     await self._wake.wait()
+                self.last_progress = time.monotonic()  # idle time is not a stall
                 continue
             try:
                 outputs = await loop.run_in_executor(self._executor, self.core.step)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a failed step must not take the server down
-                log.exception("engine step failed")
+                failed = self.core.unfinished_request_ids()
+                log.exception("engine step failed; ending %d request(s): %s", len(failed), failed)
+                self.core.drop_inflight()
                 self._fail_all(EngineStepError(f"engine step failed: {exc}"))
+                self.last_progress = time.monotonic()
                 continue
             self.last_progress = time.monotonic()
             for out in outputs:
@@ -165,6 +185,16 @@ class AsyncEngine:
                 stream.admitted.set_exception(exc)
                 continue
             stream.admitted.set_result(None)
+
+    def _on_loop_end(self, task: asyncio.Task[None]) -> None:
+        """The loop ended: cancelled by shutdown, or dead. Either way no stream may wait on."""
+        if not task.cancelled() and task.exception() is not None:
+            log.error("the engine loop died", exc_info=task.exception())
+        error = EngineDeadError("the engine loop stopped")
+        for stream in list(self._streams.values()):
+            if not stream.admitted.done():
+                stream.admitted.set_exception(error)
+            stream.queue.put_nowait(error)
 
     def _fail_all(self, error: EngineStepError) -> None:
         for rid in self.core.unfinished_request_ids():

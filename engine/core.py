@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, replace
 
 from engine.engine_setup import EngineParts
+from engine.faults import StepFaults
 from engine.request import (
     CompletionOutput,
     Logprob,
@@ -56,6 +57,14 @@ class EngineCore:
         self.overlap = parts.overlap_scheduling
         self._inflight: InFlightStep | None = None  # launched, results not yet read (overlap)
         self.step_stats = PipelineStats()
+        self.faults = StepFaults()  # test-only: injected step failures
+
+    # ---- failures ----------------------------------------------------------------------
+
+    def drop_inflight(self) -> None:
+        """After a failed step: forget the step in flight (its requests are aborted), so the
+        next step does not wait on it again."""
+        self._inflight = None
 
     # ---- requests in -----------------------------------------------------------------
 
@@ -165,6 +174,7 @@ class EngineCore:
             sched = self.scheduler.schedule()
             if sched.is_empty:
                 return []
+            self.faults.strike()
             inflight = self.runner.launch(sched)
             return self._complete(inflight, placeholders=False)
         outputs: list[RequestOutput] = []
@@ -172,6 +182,8 @@ class EngineCore:
         if prev is not None and self._needs_history():
             outputs, prev, self._inflight = self._complete(prev, placeholders=True), None, None
         sched = self.scheduler.schedule()
+        if not sched.is_empty:
+            self.faults.strike()
         cur = None if sched.is_empty else self.runner.launch(sched, prev)
         if prev is not None:
             outputs += self._complete(prev, placeholders=True)

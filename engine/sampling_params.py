@@ -69,6 +69,12 @@ class SamplingParams:
             )
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
         _check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be >= 0")
+        # torch generators take a signed 64-bit seed; n > 1 seeds its choices seed + index.
+        _check(
+            self.seed is None or -(2**63) <= self.seed <= 2**63 - 1 - self.n,
+            "seed",
+            f"must fit a signed 64-bit integer, got {self.seed}",
+        )
 
     @property
     def greedy(self) -> bool:

@@ -9,12 +9,17 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
+from server.auth import load_api_keys
+from server.limits import BodySizeLimit
 from server.metrics import ServerMetrics
 from server.protocol.errors import install_error_handlers
+from server.request_log import RequestIdMiddleware
 from server.routes import chat, completion, health, models, tokenize
 from server.settings import ServerSettings
 from server.state import ServerState
+from server.watchdog import watch_engine
 
 if TYPE_CHECKING:
     from engine import AsyncEngine
@@ -33,8 +38,18 @@ def build_app(
     answering /health at once and /ready with 503 until the model is loaded, and shuts it
     down on exit. ``on_load_failure`` is told if that load fails (the CLI exits non-zero).
     """
-    state = ServerState(settings=settings, metrics=ServerMetrics())
+    state = ServerState(
+        settings=settings, metrics=ServerMetrics(), api_keys=load_api_keys(settings)
+    )
     state.metrics.add_engine_collector(lambda: state.engine.stats() if state.engine else None)
+    state.metrics.add_server_collector(
+        lambda: {
+            "in_flight": state.num_in_flight,
+            "queued": state.num_queued,
+            "queued_tokens": state.num_queued_tokens,
+            "stalled": float(state.stalled),
+        }
+    )
     if engine is not None:
         _attach(state, engine)
 
@@ -44,13 +59,15 @@ def build_app(
         loader = None
         if state.engine is None:
             loader = asyncio.create_task(_load(state, owned, on_load_failure))
+        watchdog = asyncio.create_task(watch_engine(state), name="tessel-watchdog")
         try:
             yield
         finally:
             state.draining = True
+            watchdog.cancel()
             if loader is not None:
                 loader.cancel()
-                await asyncio.gather(loader, return_exceptions=True)
+            await asyncio.gather(watchdog, *([loader] if loader else []), return_exceptions=True)
             for own in owned:
                 await own.shutdown()
 
@@ -59,12 +76,22 @@ def build_app(
     install_error_handlers(app)
     for module in (completion, chat, models, tokenize, health):
         app.include_router(module.router)
+    if settings.cors_allow_origins:  # off unless configured: browsers may not call us
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_allow_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "X-Request-Id"],
+        )
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(RequestIdMiddleware)  # outermost: every log line of the request has it
     return app
 
 
 def _attach(state: ServerState, engine: AsyncEngine) -> None:
     state.served_model_name = state.settings.served_model_name or engine.model_name
     state.metrics.model_name = state.served_model_name
+    state.metrics.init_labels()
     state.engine = engine
 
 

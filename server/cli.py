@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import types
 import typing
 from typing import Any
 
-from server.settings import ServerSettings, field_help
+from server.request_log import configure_logging
+from server.settings import ServerFields, ServerSettings, field_help
 
-SERVER_ONLY = ("host", "port", "api_key", "served_model_name", "max_queue", "drain_timeout_s")
+SERVER_ONLY = tuple(name for name in ServerFields.model_fields if name != "log_level")
 
 
 def add_settings_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
@@ -29,7 +29,7 @@ def add_settings_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = 
         annotation = _strip_optional(info.annotation)
         if annotation is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
-        elif typing.get_origin(annotation) is list or name == "api_key":
+        elif typing.get_origin(annotation) is list:
             kwargs["action"] = "append"
             kwargs["metavar"] = name.upper()
         elif typing.get_origin(annotation) is typing.Literal:
@@ -79,9 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:  # pydantic's ValidationError: name the flag and the problem
         print(f"tessel: invalid settings:\n{err}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(settings.log_level)
     if args.command == "serve":
         from server.serve import serve
 

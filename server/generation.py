@@ -2,25 +2,47 @@
 
 Owns what must happen however the response ends: the admission ticket is closed, requests
 still running are aborted (their KV blocks freed), and each finished engine request is
-recorded in the metrics with its finish reasons.
+recorded in the metrics with its finish reasons. A failed engine step or a passed deadline
+ends the generation with ``GenerationFailed``, which says what the client is told.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import anyio
 
+from engine.async_engine import EngineDeadError, EngineStepError
 from engine.request import RequestOutput
 from engine.sampling_params import SamplingParams
+from server.protocol.errors import APIError
 from server.state import Ticket
 
 if TYPE_CHECKING:
     from engine import AsyncEngine
     from server.metrics import ServerMetrics
+
+
+class GenerationFailed(APIError):
+    """The engine could not finish the request; its open choices end with ``finish_reason``."""
+
+    def __init__(self, status: int, message: str, code: str, finish_reason: str) -> None:
+        super().__init__(status, message, code=code)
+        self.finish_reason = finish_reason
+
+
+def engine_failure(err: Exception) -> GenerationFailed:
+    return GenerationFailed(500, f"the engine failed this request: {err}", "engine_error", "error")
+
+
+def timed_out(timeout_s: float) -> GenerationFailed:
+    return GenerationFailed(
+        408, f"the request timed out after {timeout_s:g} s", "request_timeout", "abort"
+    )
 
 
 @dataclass
@@ -49,8 +71,10 @@ class Generation:
         request_id: str,
         prompts: list[list[int]],
         params: SamplingParams,
+        timeout_s: float | None = None,
     ) -> None:
         self.engine = engine
+        self.request_id = request_id
         self.metrics = metrics
         self.ticket = ticket
         self.params = params
@@ -59,14 +83,23 @@ class Generation:
             PromptRun(request_id if len(prompts) == 1 else f"{request_id}-{i}", ids)
             for i, ids in enumerate(prompts)
         ]
+        self.timeout_s = timeout_s
+        loop = asyncio.get_running_loop()
+        self.deadline = None if timeout_s is None else loop.time() + timeout_s
+        self.started_at = time.monotonic()
         self._failed = False
 
     async def __aenter__(self) -> Generation:
         return self
 
     async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        failed = exc is not None and not isinstance(exc, asyncio.CancelledError | GeneratorExit)
-        await self.close(reason="error" if failed or self._failed else "abort")
+        if isinstance(exc, GenerationFailed):
+            reason = exc.finish_reason
+        elif exc is not None and not isinstance(exc, asyncio.CancelledError | GeneratorExit):
+            reason = "error"
+        else:
+            reason = "error" if self._failed else "abort"
+        await self.close(reason=reason)
 
     async def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         streams = [
@@ -75,7 +108,17 @@ class Generation:
         ]
         merged = _tagged(streams[0]) if len(streams) == 1 else _merge(streams)
         try:
-            async for prompt_index, output in merged:
+            while True:
+                try:
+                    async with asyncio.timeout_at(self.deadline):  # not across the yield
+                        prompt_index, output = await anext(merged)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    assert self.timeout_s is not None
+                    raise timed_out(self.timeout_s) from None
+                except (EngineStepError, EngineDeadError) as err:
+                    raise engine_failure(err) from err
                 self._account(prompt_index, output)
                 yield prompt_index, output
         except Exception:

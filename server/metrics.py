@@ -136,6 +136,17 @@ class ServerMetrics:
         """Export ``stats()`` (an ``EngineStats`` or None before the model loads) at each scrape."""
         self.registry.register(EngineStatsCollector(stats, lambda: self.model_name))
 
+    def add_server_collector(self, gauges: Callable[[], dict[str, float]]) -> None:
+        """Export the server's own gauges (``SERVER_GAUGES`` keys -> value) at each scrape."""
+        self.registry.register(ServerGaugeCollector(gauges, lambda: self.model_name))
+
+    def init_labels(self) -> None:
+        """Create every known series at 0 once the model's name is known, so dashboards and
+        alerts see ``rate() == 0`` rather than no series."""
+        for reason in FINISH_REASONS:
+            self.finished.labels(self.model_name, reason)
+        self.rejections.labels(self.model_name, "queue_full")
+
     def rejected(self, reason: str) -> None:
         self.rejections.labels(self.model_name, reason).inc()
 
@@ -181,7 +192,7 @@ class EngineStatsCollector(Collector):
         ("tessel_num_requests_waiting", "num_waiting", "Requests waiting for a batch slot."),
         ("tessel_kv_cache_usage_perc", "kv_usage", "Fraction of KV-cache blocks in use (0..1)."),
         ("tessel_kv_cache_blocks_used", "kv_blocks_used", "KV-cache blocks held by requests."),
-        ("tessel_kv_cache_blocks_total", "kv_blocks_total", "KV-cache blocks allocated."),
+        ("tessel_kv_cache_blocks_capacity", "kv_blocks_total", "KV-cache blocks allocated."),
     )
     COUNTERS = (
         (
@@ -199,6 +210,7 @@ class EngineStatsCollector(Collector):
             "prefix_cache_hits_total",
             "Prompt tokens found in the prefix cache.",
         ),
+        ("tessel_engine_steps", "steps_total", "Engine steps completed."),
     )
 
     def __init__(self, stats: Callable[[], Any | None], model_name: Callable[[], str]) -> None:
@@ -221,3 +233,41 @@ class EngineStatsCollector(Collector):
             counter = CounterMetricFamily(metric, doc, labels=["model_name"])
             counter.add_metric([name], float(getattr(stats, attr)))
             yield counter
+        stages = CounterMetricFamily(
+            "tessel_engine_step_stage_seconds",
+            "Time spent in each stage of the engine step pipeline "
+            "(prepare, copy, compute, aggregate, return), summed over steps.",
+            labels=["model_name", "stage"],
+        )
+        for stage, seconds in sorted(stats.stage_seconds_total.items()):
+            stages.add_metric([name, stage], float(seconds))
+        yield stages
+
+
+SERVER_GAUGES = (
+    ("tessel_api_requests_in_flight", "in_flight", "HTTP generation requests admitted, not done."),
+    ("tessel_api_requests_queued", "queued", "Admitted requests with no output yet."),
+    ("tessel_api_queued_prompt_tokens", "queued_tokens", "Prompt tokens of those requests."),
+    ("tessel_engine_stalled", "stalled", "1 while the watchdog sees work pending, no step done."),
+)
+
+
+class ServerGaugeCollector(Collector):
+    """The HTTP layer's admission and health gauges, read when Prometheus scrapes."""
+
+    def __init__(
+        self, gauges: Callable[[], dict[str, float]], model_name: Callable[[], str]
+    ) -> None:
+        self._gauges = gauges
+        self._model_name = model_name
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        values = self._gauges()
+        name = self._model_name()
+        for metric, key, doc in SERVER_GAUGES:
+            gauge = GaugeMetricFamily(metric, doc, labels=["model_name"])
+            gauge.add_metric([name], float(values[key]))
+            yield gauge

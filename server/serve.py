@@ -73,6 +73,7 @@ def serve(settings: ServerSettings) -> int:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
+        log_config=None,  # uvicorn's lines go through our root handler, request ids included
         timeout_graceful_shutdown=5,
         access_log=False,
     )

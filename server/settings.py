@@ -43,14 +43,44 @@ class ServerFields(BaseSettings):
     or give a comma-separated list in the environment."""
     served_model_name: str | None = None
     """Model name clients send and see; default: the model's own name."""
+    api_key_file: str | None = None
+    """A file of further API keys, one per line (blank lines and ``#`` comments skipped)."""
+    metrics_require_key: bool = False
+    """Ask for an API key on /metrics too (/health and /ready stay open for probes)."""
     max_queue: int = Field(default=1024, ge=0)
-    """Most requests waiting for a batch slot; past it, requests get 429 with Retry-After."""
+    """Most requests waiting for their first token; past it, requests get 429 with Retry-After."""
+    max_queue_tokens: int = Field(default=1_000_000, ge=0)
+    """Most prompt tokens waiting for their first token (estimated from the body's size before
+    tokenizing, then exact); past it, requests get 429 with Retry-After."""
+    request_timeout_s: float | None = Field(default=None, gt=0)
+    """Longest a generation request may take; a request's own ``timeout`` field may lower it.
+    Past it the request is aborted and the client gets a 408 (or a stream error event)."""
+    max_request_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    """Largest request body accepted; larger ones get 413."""
+    max_prompts: int = Field(default=64, ge=1)
+    """Most prompts in one /v1/completions request."""
+    max_n: int = Field(default=128, ge=1)
+    """Most choices (``n``) per prompt."""
+    max_tokens_limit: int | None = Field(default=None, ge=1)
+    """Most tokens one request may ask to generate; ``null`` max_tokens means this many.
+    None: up to the context length."""
+    max_stop_strings: int = Field(default=16, ge=0)
+    """Most ``stop`` strings in one request."""
+    max_stop_string_chars: int = Field(default=256, ge=1)
+    """Longest ``stop`` string, in characters."""
+    cors_allow_origins: Annotated[list[str], NoDecode] = []
+    """Origins allowed by CORS (``*`` for any); none: CORS stays off. Comma-separated in
+    the environment."""
+    log_prompts: bool = False
+    """Log each request's prompts and outputs (off: only counts and timings are logged)."""
+    watchdog_timeout_s: float = Field(default=60.0, gt=0)
+    """Work pending this long with no engine step finishing turns /ready 503 (and is logged)."""
     drain_timeout_s: float = Field(default=30.0, ge=0)
     """On SIGTERM, how long requests in flight may run before the process exits anyway."""
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     """Python logging level for the server and uvicorn."""
 
-    @field_validator("api_key", mode="before")
+    @field_validator("api_key", "cors_allow_origins", mode="before")
     @classmethod
     def _split_keys(cls, value: Any) -> Any:
         if isinstance(value, str):

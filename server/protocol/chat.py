@@ -8,8 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from engine.sampling_params import SamplingParams
 from server.protocol.errors import APIError
-from server.protocol.sampling import SamplingRequest
+from server.protocol.sampling import SamplingRequest, estimate_tokens
 
+TEMPLATE_TOKENS_PER_MESSAGE = 8  # a role header and separators, as chat templates add them
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
@@ -53,6 +54,15 @@ class ChatCompletionRequest(SamplingRequest):
         if self.top_logprobs is not None and not self.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
 
+    def estimated_prompt_tokens(self) -> int:
+        """Prompt tokens, estimated without templating or tokenizing."""
+        return sum(estimate_tokens(m.text()) + TEMPLATE_TOKENS_PER_MESSAGE for m in self.messages)
+
+    def requested_max_tokens(self) -> tuple[int | None, str]:
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
+
     def template_messages(self) -> list[dict[str, str]]:
         """The messages as the chat template takes them (system for developer)."""
         rendered = []
@@ -85,43 +95,3 @@ def chat_logprob_entry(token: str, logprob: float, top: list[tuple[str, float]])
             {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))} for t, lp in top
         ],
     }
-
-
-def chat_body(
-    request_id: str,
-    created: int,
-    model: str,
-    choices: list[dict[str, Any]],
-    usage: dict[str, int] | None,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": request_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
-        "system_fingerprint": None,
-    }
-    if usage is not None:
-        body["usage"] = usage
-    return body
-
-
-def chat_chunk(
-    request_id: str,
-    created: int,
-    model: str,
-    choices: list[dict[str, Any]],
-    usage: dict[str, int] | None = None,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": request_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": choices,
-        "system_fingerprint": None,
-    }
-    if usage is not None:
-        body["usage"] = usage
-    return body

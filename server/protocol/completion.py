@@ -8,7 +8,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr
 
 from engine.sampling_params import SamplingParams
 from server.protocol.errors import APIError
-from server.protocol.sampling import SamplingRequest
+from server.protocol.sampling import SamplingRequest, estimate_tokens
 
 PromptInput = StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
 
@@ -32,6 +32,19 @@ class CompletionRequest(SamplingRequest):
         n = self.n or 1
         if self.best_of is not None and self.best_of != n:
             raise APIError(400, f"best_of must equal n ({n}); got {self.best_of}", "best_of")
+
+    def requested_max_tokens(self) -> tuple[int | None, str]:
+        return self.max_tokens, "max_tokens"
+
+    def estimated_prompt_tokens(self) -> int:
+        """Prompt tokens, estimated without tokenizing (exact for token ids)."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return estimate_tokens(prompt)
+        return sum(
+            estimate_tokens(p) if isinstance(p, str) else len(p) if isinstance(p, list) else 1
+            for p in prompt
+        )
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts of this request: one string or token-id list each."""
@@ -83,23 +96,3 @@ def completion_choice(
         "logprobs": logprobs,
         "finish_reason": finish_reason,
     }
-
-
-def completion_body(
-    request_id: str,
-    created: int,
-    model: str,
-    choices: list[dict[str, Any]],
-    usage: dict[str, int] | None,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": request_id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
-        "system_fingerprint": None,
-    }
-    if usage is not None:
-        body["usage"] = usage
-    return body

@@ -15,6 +15,8 @@ ERROR_TYPES = {
     401: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    408: "timeout",
+    413: "invalid_request_error",
     429: "requests",
     500: "server_error",
     503: "service_unavailable",

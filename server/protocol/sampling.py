@@ -8,13 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from engine.sampling_params import SamplingParams, SamplingParamsError
 from server.protocol.errors import APIError
 
-MAX_N = 128  # choices per prompt; a guard against one request filling the batch
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for logit_bias values
+BYTES_PER_TOKEN = 4  # BPE tokenizers average about 4 bytes of English per token
+
+
+def estimate_tokens(text: str) -> int:
+    """A prompt's token count guessed from its size, for admission before tokenizing."""
+    return 1 + len(text.encode("utf-8", "replace")) // BYTES_PER_TOKEN
 
 
 class StreamOptions(BaseModel):
@@ -25,7 +30,7 @@ class StreamOptions(BaseModel):
 class SamplingRequest(BaseModel):
     """The fields every generation request shares; ``None`` means OpenAI's default."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)  # JSON's NaN/Infinity: 400
 
     model: str | None = None
     n: int | None = None
@@ -48,6 +53,18 @@ class SamplingRequest(BaseModel):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
+    timeout: float | None = Field(default=None, gt=0)
+    """Tessel's extension: seconds this request may take (the server's limit still holds)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _strings_are_utf8(cls, data: Any) -> Any:
+        check_utf8(data)
+        return data
+
+    @property
+    def stop_strings(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     @property
     def include_usage(self) -> bool:
@@ -69,8 +86,6 @@ class SamplingRequest(BaseModel):
     ) -> SamplingParams:
         """Build and range-check the engine's params; errors name the request's own field."""
         n = 1 if self.n is None else self.n
-        if n > MAX_N:
-            raise APIError(400, f"n must be <= {MAX_N}, got {n}", "n")
         kwargs: dict[str, Any] = {
             "n": n,
             "max_tokens": max_tokens,
@@ -84,7 +99,7 @@ class SamplingRequest(BaseModel):
             "repetition_penalty": _or(self.repetition_penalty, 1.0),
             "logit_bias": _logit_bias(self.logit_bias, vocab_size),
             "seed": self.seed,
-            "stop": [self.stop] if isinstance(self.stop, str) else list(self.stop or []),
+            "stop": self.stop_strings,
             "stop_token_ids": _token_ids(self.stop_token_ids, vocab_size, "stop_token_ids"),
             "ignore_eos": self.ignore_eos,
             "logprobs": logprobs,
@@ -98,6 +113,27 @@ class SamplingRequest(BaseModel):
             param = (rename or {}).get(err.param, err.param)
             message = str(err).removeprefix(err.param).strip()
             raise APIError(400, f"{param} {message}", param) from err
+
+
+def check_utf8(data: Any, path: str = "") -> None:
+    """400 naming the field when a string of the body cannot be UTF-8 (a lone surrogate such as
+    ``"\\ud800"`` is valid JSON but no text): the tokenizer and the response could not hold it."""
+    if isinstance(data, str):
+        try:
+            data.encode("utf-8")
+        except UnicodeEncodeError:
+            field = path.split(".")[0] or None
+            raise APIError(
+                400, f"{path or 'body'}: the string is not valid Unicode (a lone surrogate)", field
+            ) from None
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            where = f"{path}.{key}" if path else str(key)
+            check_utf8(key, where)
+            check_utf8(value, where)
+    elif isinstance(data, list):
+        for index, value in enumerate(data):
+            check_utf8(value, f"{path}.{index}" if path else str(index))
 
 
 def _or(value: Any, default: Any) -> Any:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,15 +9,10 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from engine.request import CompletionOutput, Logprob, RequestOutput
-from server.auth import require_api_key, server_state
-from server.generation import Generation
-from server.protocol.completion import (
-    CompletionRequest,
-    completion_body,
-    completion_choice,
-    completion_logprobs,
-)
-from server.routes.common import new_request_id, respond, start_generation, usage
+from server.auth import require_api_key
+from server.protocol.completion import CompletionRequest, completion_choice, completion_logprobs
+from server.protocol.response import COMPLETION
+from server.routes.common import ResponseView, open_request, respond, start_generation
 from server.tokens import TokenTexts, check_context, encode_prompt
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
@@ -27,12 +20,8 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 
 @router.post("/v1/completions")
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
-    state = server_state(request)
-    state.check_model(body.model)
-    body.check_unsupported()
-    engine = state.ready_engine()
-    params = body.to_sampling_params(engine.vocab_size)
     prompts = body.prompts()
+    state, engine, params = open_request(request, body, len(prompts))
 
     def encode() -> list[list[int]]:
         encoded = [encode_prompt(engine.tokenizer, p, engine.vocab_size) for p in prompts]
@@ -40,10 +29,9 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
             check_context(len(ids), params.max_tokens, engine.max_model_len, "max_tokens")
         return encoded
 
-    request_id = new_request_id("cmpl")
-    generation = start_generation(state, request_id, params, encode)
+    generation = start_generation(state, "cmpl", params, body, encode)
     view = CompletionView(
-        request_id,
+        generation.request_id,
         state.served_model_name,
         prompts,
         generation.prompts,
@@ -52,13 +40,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         body.logprobs is not None,
         TokenTexts(engine.tokenizer),
     )
-    return await respond(
-        request,
-        generation,
-        body.stream,
-        lambda: view.stream(generation, body.include_usage),
-        lambda: view.collect(generation),
-    )
+    return await respond(request, generation, view, body)
 
 
 @dataclass
@@ -70,12 +52,13 @@ class ChoiceState:
     token_logprobs: list[float | None] = field(default_factory=list)
     top_logprobs: list[dict[str, float] | None] = field(default_factory=list)
     offset: int = 0  # characters of ``text`` already covered by logprobs
-    num_tokens: int = 0
-    finish_reason: str | None = None
 
 
-class CompletionView:
-    """Turns engine deltas into completion chunks, or accumulates them into one body."""
+class CompletionView(ResponseView):
+    """Completion chunks (the echoed prompt first), or one completion body."""
+
+    chunk_kind = COMPLETION
+    body_kind = COMPLETION
 
     def __init__(
         self,
@@ -88,9 +71,8 @@ class CompletionView:
         want_logprobs: bool,
         token_text: TokenTexts,
     ) -> None:
-        self.request_id = request_id
-        self.model = model
-        self.created = int(time.time())
+        num_prompt_tokens = sum(len(ids) for ids in prompt_ids)
+        super().__init__(request_id, model, num_prompt_tokens, len(prompts) * n)
         self.prompts = prompts
         self.prompt_ids = prompt_ids
         self.n = n
@@ -98,13 +80,7 @@ class CompletionView:
         self.want_logprobs = want_logprobs
         self.token_text = token_text
         self.choices = [ChoiceState() for _ in range(len(prompts) * n)]
-        self.num_prompt_tokens = sum(len(ids) for ids in prompt_ids)
         self._seen_prompts: set[int] = set()
-
-    def _chunk(
-        self, choices: list[dict[str, Any]], usage_: dict[str, int] | None = None
-    ) -> dict[str, Any]:
-        return completion_body(self.request_id, self.created, self.model, choices, usage_)
 
     def _logprobs(
         self,
@@ -123,7 +99,7 @@ class CompletionView:
         return part
 
     def _on_prompt(self, prompt_index: int, output: RequestOutput) -> list[dict[str, Any]]:
-        """First output of a prompt: count its tokens, and with ``echo``, its text first."""
+        """First output of a prompt: with ``echo``, its text (and prompt logprobs) first."""
         self._seen_prompts.add(prompt_index)
         if not self.echo:
             return []
@@ -148,9 +124,9 @@ class CompletionView:
 
     def _on_delta(self, prompt_index: int, delta: CompletionOutput) -> dict[str, Any]:
         index = prompt_index * self.n + delta.index
+        self.record(index, delta)
         state = self.choices[index]
         state.text.append(delta.text)
-        state.num_tokens += len(delta.token_ids)
         logprobs = None
         if self.want_logprobs:
             entries = delta.logprobs or []
@@ -160,45 +136,23 @@ class CompletionView:
                 [e.logprob for e in entries],
                 [self._top(e) for e in entries],
             )
-        if delta.finish_reason is not None:
-            state.finish_reason = delta.finish_reason
         return completion_choice(index, delta.text, logprobs, delta.finish_reason)
 
-    def _parts(self, prompt_index: int, output: RequestOutput) -> list[dict[str, Any]]:
+    def parts(self, prompt_index: int, output: RequestOutput) -> list[dict[str, Any]]:
         parts = [] if prompt_index in self._seen_prompts else self._on_prompt(prompt_index, output)
         return parts + [self._on_delta(prompt_index, d) for d in output.outputs]
 
-    def _usage(self) -> dict[str, int]:
-        return usage(self.num_prompt_tokens, sum(c.num_tokens for c in self.choices))
+    def closing_part(self, index: int, reason: str) -> dict[str, Any]:
+        return completion_choice(index, "", None, reason)
 
-    async def stream(
-        self, generation: Generation, include_usage: bool
-    ) -> AsyncIterator[dict[str, Any]]:
-        async with generation:
-            async for prompt_index, output in generation:
-                for part in self._parts(prompt_index, output):
-                    yield self._chunk([part])
-        for index, state in enumerate(self.choices):
-            if state.finish_reason is None:  # e.g. max_tokens 0: the engine sent no delta
-                state.finish_reason = "length"
-                yield self._chunk([completion_choice(index, "", None, "length")])
-        if include_usage:
-            yield self._chunk([], self._usage())
+    def output_text(self, index: int) -> str:
+        return "".join(self.choices[index].text)
 
-    async def collect(self, generation: Generation) -> dict[str, Any]:
-        async with generation:
-            async for prompt_index, output in generation:
-                self._parts(prompt_index, output)
-        choices = []
-        for index, state in enumerate(self.choices):
-            logprobs = None
-            if self.want_logprobs:
-                logprobs = completion_logprobs(
-                    state.tokens, state.token_logprobs, state.top_logprobs, 0
-                )
-            choices.append(
-                completion_choice(
-                    index, "".join(state.text), logprobs, state.finish_reason or "length"
-                )
+    def body_choice(self, index: int, reason: str) -> dict[str, Any]:
+        state = self.choices[index]
+        logprobs = None
+        if self.want_logprobs:
+            logprobs = completion_logprobs(
+                state.tokens, state.token_logprobs, state.top_logprobs, 0
             )
-        return self._chunk(choices, self._usage())
+        return completion_choice(index, self.output_text(index), logprobs, reason)

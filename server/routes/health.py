@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from server.auth import server_state
+from server.auth import check_api_key, server_state
 
 router = APIRouter()
 
@@ -28,11 +28,22 @@ async def ready(request: Request) -> Response:
     state = server_state(request)
     if state.is_ready():
         return JSONResponse({"status": "ready"})
-    status = "draining" if state.draining else "loading" if state.engine is None else "not ready"
+    if state.draining:
+        status = "draining"
+    elif state.engine is None:
+        status = "loading"
+    elif state.stalled:
+        status = "stalled"
+    else:
+        status = "not ready"
     return JSONResponse({"status": status}, status_code=503)
 
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    registry = server_state(request).metrics.registry
+    """The Prometheus scrape; keyed only with ``metrics_require_key``."""
+    state = server_state(request)
+    if state.settings.metrics_require_key:
+        check_api_key(request)
+    registry = state.metrics.registry
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

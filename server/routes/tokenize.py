@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, model_validator
 
 from server.auth import require_api_key, server_state
 from server.protocol.chat import ChatMessage
 from server.protocol.errors import APIError
+from server.protocol.sampling import check_utf8
 from server.tokens import render_chat
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
@@ -23,6 +24,12 @@ class TokenizeRequest(BaseModel):
     prompt: StrictStr | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _strings_are_utf8(cls, data: Any) -> Any:
+        check_utf8(data)
+        return data
 
 
 class DetokenizeRequest(BaseModel):

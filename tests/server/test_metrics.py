@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import AsyncEngine
+from tests.promtool import needs_promtool, promtool
 from tests.server.conftest import serving, wait_until_idle
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -95,7 +96,9 @@ async def test_engine_gauges_and_counters_are_exported(
     samples = await scrape(client)
     stats = engine.stats()
     name = engine.model_name
-    assert value(samples, "tessel_kv_cache_blocks_total", model_name=name) == stats.kv_blocks_total
+    assert (
+        value(samples, "tessel_kv_cache_blocks_capacity", model_name=name) == stats.kv_blocks_total
+    )
     assert value(samples, "tessel_kv_cache_blocks_used", model_name=name) == stats.kv_blocks_used
     assert value(samples, "tessel_kv_cache_usage_perc", model_name=name) == pytest.approx(
         stats.kv_usage
@@ -112,3 +115,18 @@ async def test_engine_gauges_and_counters_are_exported(
 async def test_each_app_has_its_own_registry(make_app: Callable[..., FastAPI]) -> None:
     a, b = make_app(served_model_name="a"), make_app(served_model_name="b")
     assert a.state.tessel.metrics.registry is not b.state.tessel.metrics.registry
+
+
+@needs_promtool
+async def test_promtool_finds_nothing_to_fix(client: httpx.AsyncClient) -> None:
+    """A scrape with samples in every family passes ``promtool check metrics`` (its lint)."""
+    for body in (
+        {"prompt": "Hello", "max_tokens": 3},
+        {"prompt": ["One", "Two"], "max_tokens": 2, "n": 2, "stream": True},
+    ):
+        assert (await client.post("/v1/completions", json=body)).status_code == 200
+    text = (await client.get("/metrics")).text
+    assert "tessel_time_to_first_token_seconds_count" in text  # histograms have samples
+    assert "tessel_generation_tokens_total" in text
+    checked = promtool("check", "metrics", stdin=text)
+    assert checked.returncode == 0 and checked.stdout.strip() == "", checked.stdout
