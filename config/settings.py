@@ -77,8 +77,8 @@ class EngineConfig(_Frozen):
     and serves. Above 1, the other ranks are spawned on this host, or, under torchrun, are the
     processes that RANK, WORLD_SIZE and MASTER_ADDR describe (see deploy/tensor-parallel.md)."""
     distributed_timeout_s: float = Field(default=120.0, gt=0)
-    """Tensor parallel: how long a collective waits for a peer before the group is declared
-    failed (a hung worker), and how long workers may take to join at start-up."""
+    """Tensor parallel: how long a collective of a step waits for a peer before the group is
+    declared failed (a hung worker). Loading and waiting for the next step have no deadline."""
 
     @model_validator(mode="after")
     def _budget_fits_a_block(self) -> EngineConfig:

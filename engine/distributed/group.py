@@ -4,8 +4,9 @@ Two groups, because they wait differently:
 - the default group (NCCL on CUDA, gloo on the CPU) carries the model's all-reduces, the logits
   gather and the sampled ids; it has ``distributed_timeout_s``, so a hung peer fails the step;
 - ``control`` (always gloo, on the CPU) carries rank 0's step broadcasts and start-up agreement;
-  workers wait on it for as long as rank 0 idles, so it has no practical timeout. A peer that
-  dies closes its sockets, which fails a gloo wait at once.
+  workers wait on it for as long as rank 0 idles, so it has no practical timeout, while rank 0's
+  own sends on it carry the step timeout (``send_control``). A peer that dies closes its
+  sockets, which fails a gloo wait at once.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class TensorParallelGroup:
     size: int
     device: torch.device
     control: dist.ProcessGroup
+    timeout: timedelta  # of a step's collectives
 
     @property
     def tp(self) -> ParallelRank:
@@ -63,6 +65,13 @@ class TensorParallelGroup:
         t = torch.tensor([value], dtype=torch.int64)
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.control)
         return int(t.item())
+
+    def send_control(self, tensor: torch.Tensor) -> None:
+        """Rank 0's broadcast on the control group, failing after the step timeout: gloo's send
+        waits for the receiver to post its buffer, which a hung worker never does."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.timeout = 0, self.timeout
+        self.control.broadcast([tensor], opts).wait()
 
     def barrier(self) -> None:
         """Wait, without a deadline, until every rank is here (after loading, before serving)."""
@@ -94,7 +103,7 @@ def init_group(
     else:
         dist.init_process_group(backend, init_method="env://", rank=rank, world_size=size, timeout=timeout)
     control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
-    return TensorParallelGroup(rank, size, device, control)
+    return TensorParallelGroup(rank, size, device, control, timeout)
 
 
 def leader_store(size: int, timeout_s: float) -> dist.TCPStore:

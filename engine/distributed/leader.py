@@ -22,6 +22,7 @@ from engine.distributed.step_channel import StepChannel
 log = logging.getLogger("tessel.engine")
 
 STOP_GRACE_S = 10.0  # how long workers get to leave after the stop message
+START_TIMEOUT_S = 600.0  # spawned workers must import torch and reach the store within this
 
 
 class TensorParallelLeader:
@@ -51,7 +52,7 @@ class TensorParallelLeader:
         store = leader_store(size, timeout)
         workers = LocalWorkers.spawn(config, size, store.port)
         try:
-            workers.wait_joined(store, timeout)
+            workers.wait_joined(store, max(timeout, START_TIMEOUT_S))
             group = init_group(0, size, device_type, timeout, store=store)
         except BaseException:
             workers.stop(grace_s=0)

@@ -51,13 +51,13 @@ class StepChannel:
         ]  # fmt: skip
         payload = np.concatenate([*(p.astype(np.int64) for p in parts), np.asarray(rows, np.int64)])
         self._header.copy_(torch.tensor(header, dtype=torch.int64))
-        dist.broadcast(self._header, src=0, group=self.group.control)
-        dist.broadcast(torch.from_numpy(payload), src=0, group=self.group.control)
+        self.group.send_control(self._header)
+        self.group.send_control(torch.from_numpy(payload))
 
     def send_stop(self) -> None:
         """Tell every worker to leave its step loop."""
         self._header.zero_()
-        dist.broadcast(self._header, src=0, group=self.group.control)
+        self.group.send_control(self._header)
 
     def send_sampled(self, tokens: torch.Tensor) -> None:
         dist.broadcast(tokens, src=0)
