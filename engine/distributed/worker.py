@@ -25,7 +25,7 @@ PARENT_POLL_S = 0.5
 def run_spawned_worker(config: EngineConfig, rank: int, size: int, port: int) -> None:
     """Entry point of a process rank 0 spawned; exits with 1 if anything fails."""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s tp-rank{rank}: %(message)s")
-    _exit_with_parent(os.getppid())
+    exit_with_parent(os.getppid())
     device = resolve_device(config)
     if device.type == "cpu":  # the ranks share this host's cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
@@ -70,7 +70,7 @@ def follow_steps(config: EngineConfig, group: TensorParallelGroup) -> None:
     group.destroy()
 
 
-def _exit_with_parent(parent: int) -> None:
+def exit_with_parent(parent: int) -> None:
     """Exit at once when rank 0 dies (this process is re-parented), even mid-collective."""
 
     def run() -> None:
