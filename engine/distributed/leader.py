@@ -6,8 +6,6 @@ import logging
 import threading
 from collections.abc import Callable
 
-import torch
-
 from config.settings import EngineConfig
 from engine.distributed.group import (
     TensorParallelError,
@@ -18,6 +16,7 @@ from engine.distributed.group import (
 )
 from engine.distributed.local_workers import LocalWorkers
 from engine.distributed.step_channel import StepChannel
+from engine.shard_setup import resolve_device
 
 log = logging.getLogger("tessel.engine")
 
@@ -40,7 +39,7 @@ class TensorParallelLeader:
     def start(cls, config: EngineConfig) -> TensorParallelLeader:
         """Join torchrun's group when its environment says so, else spawn ranks 1..N-1 here."""
         size, timeout = config.tensor_parallel_size, config.distributed_timeout_s
-        device_type = _device_type(config)
+        device_type = resolve_device(config).type
         env = torchrun_env()
         if env is not None and env.world_size > 1:
             if env.world_size != size or env.rank != 0:
@@ -103,8 +102,3 @@ class TensorParallelLeader:
         if self.failure is None or self.group.device.type != "cuda":
             self.group.destroy()  # a failed NCCL group may hang in destroy; the process ends anyway
 
-
-def _device_type(config: EngineConfig) -> str:
-    if config.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return config.device

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 
@@ -28,8 +28,8 @@ class LocalWorkers:
     """Ranks 1..N-1 as child processes. They are daemonic (ended when this process exits) and
     each also watches its parent, so none outlives rank 0 even if it is killed."""
 
-    def __init__(self, processes: list[BaseProcess]) -> None:
-        self.processes = processes  # processes[i] is rank i + 1
+    def __init__(self, processes: Sequence[BaseProcess]) -> None:
+        self.processes = list(processes)  # processes[i] is rank i + 1
         self.stopping = False
 
     @classmethod

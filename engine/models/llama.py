@@ -182,12 +182,12 @@ class LlamaForCausalLM(nn.Module):
             param = params.get(target)
             if param is None:
                 raise ValueError(f"checkpoint tensor {name!r} has no place in {self.arch.architecture}")
-            loader = getattr(param, "weight_loader", default_weight_loader)
-            if not isinstance(tensor, torch.Tensor) and loader is default_weight_loader:
-                tensor = tensor.narrow(0, 0, tensor.shape[0])  # replicated: read it whole
-            if isinstance(tensor, torch.Tensor):
-                tensor = tensor.to(param.dtype)
-            loader(param, tensor, shard_id)
+            loader = getattr(param, "weight_loader", None)
+            if loader is None:  # replicated (norms): every rank reads the tensor whole
+                full = tensor if isinstance(tensor, torch.Tensor) else tensor.narrow(0, 0, tensor.shape[0])
+                default_weight_loader(param, full.to(param.dtype), shard_id)
+            else:
+                loader(param, tensor.to(param.dtype) if isinstance(tensor, torch.Tensor) else tensor, shard_id)
             loaded.add(target if shard_id is None else f"{target}:{shard_id}")
         missing = [n for n in params if not _covered(n, loaded)]
         if missing:

@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from config.model_arch import ModelArch
-from engine.request import Logprob, Request
 from engine.models.layers.parallel import SINGLE, ParallelRank
+from engine.request import Logprob, Request
 from engine.runner.buffers import DoubleBuffer, input_specs
 from engine.runner.cuda_graph import DecodeGraphs
 from engine.runner.step_inputs import PreparedStep, prepare_step

@@ -34,7 +34,7 @@ CASES = {
 
 def expected_shard(full: dict[str, torch.Tensor], name: str, cfg: dict, rank: int, size: int) -> torch.Tensor:
     """Our parameter ``name`` on ``rank``, cut from the full HF tensors by the Megatron layout."""
-    d, hq, hkv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    d, hkv = cfg["head_dim"], cfg["num_key_value_heads"]
 
     def rows(t: torch.Tensor, parts: int) -> torch.Tensor:
         n = t.shape[0] // parts
