@@ -25,14 +25,7 @@ def peak_activation_bytes(
     base = torch.cuda.memory_allocated(device)
     ids = torch.zeros(max_tokens, dtype=torch.long, device=device)
     positions = torch.arange(max_tokens, device=device)
-    md = AttentionMetadata(
-        slot_mapping=torch.arange(max_tokens, device=device),
-        query_start_loc=torch.tensor([0, max_tokens], dtype=torch.int32, device=device),
-        seq_lens=torch.tensor([max_tokens], dtype=torch.int32, device=device),
-        block_tables=torch.arange(blocks, dtype=torch.int32, device=device)[None],
-        max_query_len=max_tokens, max_seq_len=max_tokens, block_size=block_size,
-        seq_lens_cpu=torch.tensor([max_tokens], dtype=torch.int32),
-    )
+    md = AttentionMetadata.single_prefill(max_tokens, block_size, device)
     hidden = model(ids, positions, caches, md)
     rows = hidden[:1].expand(max_seqs, -1).contiguous()
     logits = model.compute_logits(rows).float()

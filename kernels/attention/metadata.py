@@ -30,6 +30,20 @@ class AttentionMetadata:
     # on CUDA, the gather index on the CPU reference path).
     scratch: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def single_prefill(cls, num_tokens: int, block_size: int, device: torch.device) -> AttentionMetadata:
+        """One request's whole prompt over a scratch cache whose blocks are 0, 1, 2, ... in
+        order (profiling and calibration runs)."""
+        n = num_tokens
+        return cls(
+            slot_mapping=torch.arange(n, device=device),
+            query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=device),
+            seq_lens=torch.tensor([n], dtype=torch.int32, device=device),
+            block_tables=torch.arange(-(-n // block_size), dtype=torch.int32, device=device)[None],
+            max_query_len=n, max_seq_len=n, block_size=block_size,
+            seq_lens_cpu=torch.tensor([n], dtype=torch.int32),
+        )
+
     @property
     def batch_size(self) -> int:
         return int(self.seq_lens.shape[0])

@@ -59,14 +59,7 @@ def prefill_hidden(model: nn.Module, token_ids: list[int], block_size: int = 16)
     shape = (blocks, block_size, arch.num_key_value_heads, arch.head_dim)
     caches = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
               for _ in range(arch.num_hidden_layers)]
-    md = AttentionMetadata(
-        slot_mapping=torch.arange(n, device=device),
-        query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=device),
-        seq_lens=torch.tensor([n], dtype=torch.int32, device=device),
-        block_tables=torch.arange(blocks, dtype=torch.int32, device=device)[None],
-        max_query_len=n, max_seq_len=n, block_size=block_size,
-        seq_lens_cpu=torch.tensor([n], dtype=torch.int32),
-    )
+    md = AttentionMetadata.single_prefill(n, block_size, device)
     ids = torch.tensor(token_ids, device=device)
     out: torch.Tensor = model(ids, torch.arange(n, device=device), caches, md)
     return out
