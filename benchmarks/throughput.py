@@ -1,7 +1,9 @@
 """Offline throughput on nano-vllm's benchmark: 256 sequences, input and output lengths uniform in
 [100, 1024], ignore_eos, random token ids; Qwen3-0.6B shapes with random bf16 weights.
+Fixed lengths instead (issue 5's second case: Llama-3.1-8B, 1,000 requests of 1,024 in / 256 out):
 
     PYTHONPATH=. python3 benchmarks/throughput.py --out throughput.md
+    PYTHONPATH=. python3 benchmarks/throughput.py --model Llama-3.1-8B --num 1000 --input-len 1024 --output-len 256
 """
 
 from __future__ import annotations
@@ -56,17 +58,25 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="Qwen3-0.6B")
     ap.add_argument("--num", type=int, default=256)
+    ap.add_argument("--input-len", type=int, default=None, help="every prompt this long (default: nano-vllm's)")
+    ap.add_argument("--output-len", type=int, default=None)
     ap.add_argument("--out", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     use_gpu_dummy_weights()
     prompts, outputs = workload(args.num, 100, 1024)
+    lengths = "in/out uniform [100, 1024]"
+    if args.input_len is not None or args.output_len is not None:
+        fixed_in, fixed_out = args.input_len or 1024, args.output_len or 256
+        prompts = [(p * (fixed_in // len(p) + 1))[:fixed_in] for p in prompts]
+        outputs = [fixed_out] * args.num
+        lengths = f"{fixed_in} in / {fixed_out} out"
     kw = dict(max_model_len=4096, max_num_seqs=256, max_num_batched_tokens=16384)
     r = run(args.model, prompts, outputs, **kw)
     stages = ", ".join(f"{k} {v:.2f}" for k, v in r["stage_seconds"].items())
     table = "\n".join([
-        f"GPU: {torch.cuda.get_device_name()}; {args.model} random bf16 weights; {args.num} seqs, in/out uniform "
-        f"[100, 1024], ignore_eos, temperature 0.6; {kw}",
+        f"GPU: {torch.cuda.get_device_name()}; {args.model} random bf16 weights; {args.num} seqs, {lengths}, "
+        f"ignore_eos, temperature 0.6; {kw}",
         "",
         "| engine | output tokens | time s | output tok/s | (prompt+output) tok/s | steps | GPU idle s | graph steps |",
         "|---|---|---|---|---|---|---|---|",

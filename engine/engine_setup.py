@@ -19,7 +19,7 @@ from engine.models.registry import build_model
 from engine.output_processor import OutputProcessor
 from engine.runner.cuda_graph import default_graph_sizes
 from engine.runner.host_allocator import keep_step_buffers_in_heap
-from engine.runner.memory_profile import kv_budget_bytes, peak_activation_bytes
+from engine.runner.memory_profile import device_bytes_in_use, kv_budget_bytes, peak_activation_bytes
 from engine.runner.model_runner import ModelRunner, RunnerLimits, kv_bytes_per_block
 from engine.scheduler.scheduler import Scheduler
 from kernels.attention.decode_plan import DecodeConfig
@@ -63,6 +63,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     checkpoint = load_checkpoint(config.model)
     arch = ModelArch.from_hf(checkpoint.hf_config)
     device = resolve_device(config)
+    in_use_at_start = device_bytes_in_use(device) if device.type == "cuda" else 0
     dtype = resolve_dtype(config, device)
     max_model_len = min(config.model.max_model_len or arch.max_position_embeddings, arch.max_position_embeddings)
     if config.model.max_model_len and config.model.max_model_len > arch.max_position_embeddings:
@@ -85,7 +86,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     if device.type == "cpu":
         keep_step_buffers_in_heap()
         model.pack_cpu_weights()
-    num_blocks = _num_blocks(config, arch, dtype, device, model, max_model_len)
+    num_blocks = _num_blocks(config, arch, dtype, device, model, max_model_len, in_use_at_start)
     runner = ModelRunner(
         model, arch, num_blocks, config.cache.block_size, device, dtype, config.model.seed,
         _runner_limits(config, max_model_len, device),
@@ -141,7 +142,7 @@ def _runner_limits(config: EngineConfig, max_model_len: int, device: torch.devic
 
 def _num_blocks(
     config: EngineConfig, arch: ModelArch, dtype: torch.dtype, device: torch.device,
-    model: torch.nn.Module, max_model_len: int,
+    model: torch.nn.Module, max_model_len: int, in_use_at_start: int,
 ) -> int:
     if config.cache.num_blocks is not None:
         return config.cache.num_blocks
@@ -152,11 +153,18 @@ def _num_blocks(
             model, arch, min(sched.max_num_batched_tokens, max_model_len), sched.max_num_seqs,
             config.cache.block_size, dtype, device,
         )
-        budget = kv_budget_bytes(config.cache.gpu_memory_utilization, activations, device)
+        budget = kv_budget_bytes(config.cache.gpu_memory_utilization, in_use_at_start, activations, device)
         log.info("profiled activations %.2f GiB; KV budget %.2f GiB", activations / 2**30, budget / 2**30)
     else:
         budget = int(config.cache.kv_cache_memory_gb * 1024**3)
-    return max(int(budget // per_block), 1)
+    num_blocks = int(budget // per_block)
+    if num_blocks < 2:
+        where = "gpu_memory_utilization" if device.type == "cuda" else "kv_cache_memory_gb"
+        raise ValueError(
+            f"no memory left for the KV cache ({budget / 2**30:.2f} GiB for blocks of "
+            f"{per_block / 2**20:.1f} MiB): raise {where}, or lower max_num_batched_tokens"
+        )
+    return num_blocks
 
 
 def placeholder_tokenizer(vocab_size: int, eos_token_id: int | None) -> PreTrainedTokenizerFast:

@@ -7,7 +7,6 @@ from functools import cache
 from types import ModuleType
 
 import torch
-
 import torch.nn.functional as F
 
 from kernels import cpu_attention, cpu_linear, reference
@@ -47,7 +46,7 @@ def linear(
 ) -> torch.Tensor:
     """``x @ weight^T + bias``; ``packed`` is the weight in oneDNN's layout (CPU only)."""
     if packed is not None and _use_cpu_fast_path(x):
-        return cpu_linear.linear(x, packed, bias)
+        return cpu_linear.linear(x, packed, weight, bias)
     return F.linear(x, weight, bias)
 
 

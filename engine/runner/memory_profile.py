@@ -38,8 +38,21 @@ def peak_activation_bytes(
     return int(peak - cache_bytes)
 
 
-def kv_budget_bytes(utilization: float, activation_bytes: int, device: torch.device, reserve: int = 512 << 20) -> int:
-    """What the KV cache may take: utilization x total, less what is in use now (weights, other
-    processes), the profiled activations and a reserve for CUDA graphs and the pipeline's buffers."""
+def device_bytes_in_use(device: torch.device) -> int:
+    """Memory in use on the device by anyone (this process's other engines, other processes)."""
     free, total = torch.cuda.mem_get_info(device)
-    return int(utilization * total - (total - free) - activation_bytes - reserve)
+    return int(total - free)
+
+
+def kv_budget_bytes(
+    utilization: float, in_use_at_start: int, activation_bytes: int, device: torch.device,
+    reserve: int = 512 << 20,
+) -> int:
+    """What the KV cache may take: this engine's share (utilization x total) less what it has
+    taken since it started (weights), the profiled activations and a reserve for CUDA graphs and
+    the pipeline's buffers. As in vLLM, memory others held before the start is not charged to the
+    share (two engines at 0.3 fit on one device), but the cache never exceeds what is free now."""
+    free, total = torch.cuda.mem_get_info(device)
+    own = (total - free) - in_use_at_start
+    share = utilization * total - own - activation_bytes - reserve
+    return int(min(share, free - activation_bytes - reserve))

@@ -74,7 +74,7 @@ def test_native_kernel_rejects_what_it_cannot_take() -> None:
         cpu_native.paged_decode(q.half(), kc, vc, md.block_tables.long(), lens, 0.1)
 
 
-@pytest.mark.parametrize("shape", [(7, 64, 96), (1, 576, 960), (33, 128, 40)])
+@pytest.mark.parametrize("shape", [(7, 64, 96), (1, 576, 960), (33, 128, 40), (300, 64, 24)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_linear_matches_f_linear(shape: tuple[int, int, int], bias: bool) -> None:
     m, k, n = shape
@@ -86,6 +86,20 @@ def test_packed_linear_matches_f_linear(shape: tuple[int, int, int], bias: bool)
     expected = F.linear(x, w, b)
     torch.testing.assert_close(dispatch.linear(x, w, b, packed), expected, atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(dispatch.linear(x.view(1, m, k), w, b, packed), expected.view(1, m, n), atol=1e-4, rtol=1e-5)
+
+
+def test_packed_linear_bounds_the_shapes_onednn_sees() -> None:
+    """Row counts pad to buckets (each new shape is a cached primitive of ~1 MiB), so a server's
+    ever-changing step sizes compile a bounded set; the padding never shows in the output."""
+    buckets = {cpu_linear.row_bucket(m) for m in range(1, cpu_linear.PACKED_MAX_ROWS + 1)}
+    assert len(buckets) <= 32 and all(cpu_linear.row_bucket(m) >= m for m in range(1, 300))
+    x, w = torch.randn(17, 32), torch.randn(8, 32)
+    packed = cpu_linear.pack(w)
+    if packed is None:
+        pytest.skip("this torch build has no oneDNN")
+    got = dispatch.linear(x, w, None, packed)
+    assert got.shape == (17, 8) and got.is_contiguous()
+    torch.testing.assert_close(got, F.linear(x, w), atol=1e-4, rtol=1e-5)
 
 
 def test_packing_skips_what_onednn_path_does_not_cover() -> None:

@@ -137,8 +137,10 @@ def test_every_tuning_config_is_correct(config: object) -> None:
     xq = ref.quantize_rows(torch.randn(m, k, device="cuda"), FP8_DTYPE)
     wq = ref.quantize_rows(torch.randn(n, k, device="cuda"), FP8_DTYPE)
     got = gemm.scaled_mm(xq.data, xq.scale, wq.data, wq.scale, None, torch.float32, config=config)  # type: ignore[arg-type]
-    torch.testing.assert_close(got, ref.scaled_mm(xq.data, xq.scale, wq.data, wq.scale, None, torch.float32),
-                               rtol=1e-4, atol=1e-4)
+    want = ref.scaled_mm(xq.data, xq.scale, wq.data, wq.scale, None, torch.float32)
+    # fp8 wgmma sums 128 products at a time in ~14-bit precision (see gemm.FP8_PROMOTE_K); left
+    # unpromoted, this shape's error was 1e-2 of the output's range
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-3 * float(want.abs().max()))
 
 
 def test_launchers_name_bad_arguments() -> None:

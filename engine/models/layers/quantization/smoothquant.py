@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from engine.models.layers.linear import pack_cpu_weights
-
 from engine.models.layers.quantization.calibration import prefill_hidden
 
 SMOOTHED = ("qkv_proj", "gate_up_proj", "down_proj")
