@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, list_presets, load_preset
+from config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    list_presets,
+    load_preset,
+)
 from config.model_arch import ModelArch
 
 
