@@ -6,6 +6,10 @@ it the checkpoint tensor and the layer copies in the rows (column-parallel) or c
 each placed by ``shard_id``. Under tensor parallelism the full weight may be a lazy
 safetensors slice (``LazyTensor``) that reads only the rows or columns asked for.
 
+Quantization and CPU packing act on the shard a rank holds, after loading: per output row a
+column-parallel shard has whole rows; a row-parallel one agrees on each row's scale with the
+other ranks (``W8A8LinearMethod``), so both match one rank's weights sliced.
+
 How a layer stores its weight and computes ``x W^T`` is its ``LinearMethod`` (vLLM's hook):
 unquantized by default; ``engine/models/layers/quantization`` supplies the W8A8 one.
 """
