@@ -94,6 +94,13 @@ class EngineConfig(_Frozen):
     ids on the device. A stopped request wastes at most one step. Off: one step at a time."""
     decode_split: Literal["balanced", "static", "none"] = "balanced"
     """How decode attention splits the KV: balanced tiles, FlashDecoding's static splits, or none."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """Processes (one per GPU) the model is split across, Megatron-style; rank 0 schedules, samples
+    and serves. Above 1, the other ranks are spawned on this host, or, under torchrun, are the
+    processes that RANK, WORLD_SIZE and MASTER_ADDR describe (see deploy/tensor-parallel.md)."""
+    distributed_timeout_s: float = Field(default=120.0, gt=0)
+    """Tensor parallel: how long a collective of a step waits for a peer before the group is
+    declared failed (a hung worker). Loading and waiting for the next step have no deadline."""
 
     @model_validator(mode="after")
     def _budget_fits_a_block(self) -> EngineConfig:

@@ -3,6 +3,9 @@
 The model step runs in a worker thread, so the event loop keeps serving while the model
 computes. Only the loop task touches the engine core, and only between steps: new requests
 and aborts are queued and applied at the next step boundary.
+
+Under tensor parallelism a failed group (a worker died or hung, a step raised) stops the loop
+for good: every stream gets the error, ``is_alive`` turns False and ``on_fatal`` callbacks run.
 """
 
 from __future__ import annotations
@@ -10,13 +13,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from config.settings import EngineConfig
 from engine.core import EngineCore
+from engine.distributed.group import TensorParallelError
 from engine.engine_setup import build_engine_parts
 from engine.request import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
@@ -59,6 +64,9 @@ class AsyncEngine:
         self._task: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tessel-step")
         self.last_progress = time.monotonic()
+        self.fatal_error: TensorParallelError | None = None
+        self._fatal_callbacks: list[Callable[[BaseException], None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> AsyncEngine:
@@ -68,10 +76,15 @@ class AsyncEngine:
     # ---- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.fatal_error is not None:
+            raise EngineStepError(f"the engine has stopped: {self.fatal_error}")
         if self._task is None:
             self._wake = asyncio.Event()
+            self._loop = asyncio.get_running_loop()
             self._task = asyncio.create_task(self._run(), name="tessel-engine-loop")
             self._task.add_done_callback(self._on_loop_end)
+            if self.core.parallel is not None:
+                self.core.parallel.on_failure(self._failure_from_any_thread)
 
     async def shutdown(self) -> None:
         if self._task is not None:
@@ -79,10 +92,19 @@ class AsyncEngine:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        # after a failure the step thread may still sit in a dead collective: do not wait for it
+        self._executor.shutdown(wait=self.fatal_error is None, cancel_futures=True)
+        if self.core.parallel is not None:
+            await asyncio.to_thread(self.core.shutdown)
 
     def is_alive(self) -> bool:
-        return self._task is not None and not self._task.done()
+        return self.fatal_error is None and self._task is not None and not self._task.done()
+
+    def on_fatal(self, callback: Callable[[BaseException], None]) -> None:
+        """Call ``callback`` on the event loop once the engine has stopped for good."""
+        self._fatal_callbacks.append(callback)
+        if self.fatal_error is not None:
+            callback(self.fatal_error)
 
     def stats(self) -> EngineStats:
         return self.core.stats()
@@ -104,6 +126,8 @@ class AsyncEngine:
         self, prompt: str | list[int], params: SamplingParams, request_id: str
     ) -> AsyncIterator[RequestOutput]:
         """Yield deltas until the request finishes; leaving early aborts it."""
+        if self.fatal_error is not None:
+            raise EngineStepError(f"the engine has stopped: {self.fatal_error}")
         if not self.is_alive():
             await self.start()
         if request_id in self._streams:
@@ -152,6 +176,9 @@ class AsyncEngine:
                 outputs = await loop.run_in_executor(self._executor, self.core.step)
             except asyncio.CancelledError:
                 raise
+            except TensorParallelError as exc:
+                self._die(exc)
+                return
             except Exception as exc:  # a failed step must not take the server down
                 failed = self.core.unfinished_request_ids()
                 log.exception("engine step failed; ending %d request(s): %s", len(failed), failed)
@@ -195,6 +222,28 @@ class AsyncEngine:
             if not stream.admitted.done():
                 stream.admitted.set_exception(error)
             stream.queue.put_nowait(error)
+
+    def _failure_from_any_thread(self, error: TensorParallelError) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._die, error)
+
+    def _die(self, error: TensorParallelError) -> None:
+        """Stop for good: fail every stream without touching the core (the step thread may
+        still be inside it), stop the loop, stop the workers, tell the callbacks."""
+        if self.fatal_error is not None:
+            return
+        self.fatal_error = error
+        log.error("engine stopped: %s", error)
+        failure = EngineStepError(f"engine stopped: {error}")
+        for stream in self._streams.values():
+            if not stream.admitted.done():
+                stream.admitted.set_exception(failure)
+            stream.queue.put_nowait(failure)
+        if self._task is not None and self._task is not asyncio.current_task():
+            self._task.cancel()
+        threading.Thread(target=self.core.shutdown, name="tessel-tp-shutdown", daemon=True).start()
+        for callback in self._fatal_callbacks:
+            callback(error)
 
     def _fail_all(self, error: EngineStepError) -> None:
         for rid in self.core.unfinished_request_ids():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
+from engine.distributed.group import TensorParallelError
 from engine.engine_setup import EngineParts
 from engine.faults import StepFaults
 from engine.request import (
@@ -58,6 +59,7 @@ class EngineCore:
         self._inflight: InFlightStep | None = None  # launched, results not yet read (overlap)
         self.step_stats = PipelineStats()
         self.faults = StepFaults()  # test-only: injected step failures
+        self.parallel = parts.parallel  # None at one rank
 
     # ---- failures ----------------------------------------------------------------------
 
@@ -169,7 +171,27 @@ class EngineCore:
 
     def step(self) -> list[RequestOutput]:
         """One engine step. With overlap, step N+1 is scheduled and launched before step N's
-        results are read (stage 5 of N runs while N+1 computes); otherwise one at a time."""
+        results are read (stage 5 of N runs while N+1 computes); otherwise one at a time.
+
+        Under tensor parallelism any error is fatal (``TensorParallelError``): the workers may be
+        waiting in a collective this rank never reached, so the ranks are out of step."""
+        if self.parallel is None:
+            return self._step()
+        if self.parallel.failure is not None:
+            raise self.parallel.failure
+        try:
+            return self._step()
+        except Exception as exc:
+            error = TensorParallelError(f"tensor-parallel step failed: {exc}")
+            self.parallel.fail(error)
+            raise error from exc
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (idempotent)."""
+        if self.parallel is not None:
+            self.parallel.shutdown()
+
+    def _step(self) -> list[RequestOutput]:
         if not self.overlap:
             sched = self.scheduler.schedule()
             if sched.is_empty:
@@ -293,6 +315,8 @@ class EngineCore:
             generation_tokens_total=self._generation_tokens_total,
             num_scheduled_tokens=s.num_scheduled_tokens,
             requests_finished_total=dict(self._finished_total),
+            tensor_parallel_size=self.parts.tensor_parallel_size,
+            kv_cache_bytes=self.parts.kv_cache_bytes,
             **self.step_stats.snapshot(),
         )
 

@@ -17,7 +17,10 @@ Prompt = str | list[int]
 
 
 class LLM:
-    """Generates for a list of prompts in one continuous batch; returns outputs in prompt order."""
+    """Generates for a list of prompts in one continuous batch; returns outputs in prompt order.
+
+    With ``tensor_parallel_size=N`` it spawns N-1 worker processes; ``shutdown()`` (or a ``with``
+    block) stops them, and they also end when this process does."""
 
     def __init__(self, model: str | None = None, config: EngineConfig | None = None, **overrides: object) -> None:
         if config is None:
@@ -26,6 +29,16 @@ class LLM:
         self.core = EngineCore(build_engine_parts(config))
         self.tokenizer = self.core.tokenizer
         self._ids = count()
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do at one rank); idempotent."""
+        self.core.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
 
     def generate(
         self,

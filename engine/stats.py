@@ -20,6 +20,8 @@ class EngineStats:
     generation_tokens_total: int  # tokens sampled
     num_scheduled_tokens: int  # tokens computed by the last step
     requests_finished_total: dict[str, int] = field(default_factory=dict)  # by finish reason
+    tensor_parallel_size: int = 1  # ranks the model is split across
+    kv_cache_bytes: int = 0  # KV-cache memory allocated, summed over every rank
     # ---- the step pipeline (engine/runner/pipeline.py); seconds, summed over steps ----------
     steps_total: int = 0  # engine steps completed
     stage_seconds_total: dict[str, float] = field(default_factory=dict)  # prepare/copy/compute/aggregate/return

@@ -6,7 +6,7 @@
  * Units are handed out dynamically, since requests' lengths differ, by OpenMP: linked by
  * soname, it is the libgomp torch already loaded, so the kernel runs on torch's own threads
  * (a second thread pool would fight torch's spinning workers for the same cores).
- * Built by kernels/cpu_native.py with -O3 -march=native -fopenmp -ffast-math
+ * Built by kernels/cpu_native.py with -O3 -march=native -fopenmp -ffast-math (compile only: linked without it)
  * -fno-finite-math-only: the simd pragmas vectorise the dot products.
  */
 #include <math.h>

@@ -25,7 +25,12 @@ import torch
 log = logging.getLogger("tessel.kernels")
 
 SOURCE = Path(__file__).with_name("cpu_decode.c")
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-math-only", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-math-only", "-fPIC"]
+LINK_FLAGS = ["-shared", "-fopenmp"]
+"""Linked apart from the compile, without -ffast-math: linking with it adds GCC's crtfastmath.o,
+whose constructor turns on flush-to-zero / denormals-are-zero in whichever thread loads the
+library, changing float results of everything else that thread runs (hypothesis refuses to run
+there at all)."""
 
 
 def _cache_dir() -> Path:
@@ -38,18 +43,21 @@ def _build() -> Path | None:
     if compiler is None:
         return None
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join([compiler, *FLAGS]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(source + " ".join([compiler, *FLAGS, *LINK_FLAGS]).encode()).hexdigest()[:16]
     target = _cache_dir() / f"cpu_decode-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        built = Path(tmp) / target.name
-        cmd = [compiler, *FLAGS, "-o", str(built), str(SOURCE), "-lm"]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode != 0:
-            log.warning("could not build %s (%s); CPU decode attention uses torch ops", SOURCE.name, result.stderr.strip()[-300:])
-            return None
+        built, obj = Path(tmp) / target.name, Path(tmp) / "cpu_decode.o"
+        for cmd in (
+            [compiler, *FLAGS, "-c", "-o", str(obj), str(SOURCE)],
+            [compiler, *LINK_FLAGS, "-o", str(built), str(obj), "-lm"],
+        ):
+            result = subprocess.run(cmd, capture_output=True, text=True)
+            if result.returncode != 0:
+                log.warning("could not build %s (%s); CPU decode attention uses torch ops", SOURCE.name, result.stderr.strip()[-300:])
+                return None
         os.replace(built, target)  # atomic: a concurrent builder finds a whole file or none
     return target
 

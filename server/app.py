@@ -36,7 +36,8 @@ def build_app(
 
     Without ``engine`` the app loads one from ``settings`` in the background once it starts,
     answering /health at once and /ready with 503 until the model is loaded, and shuts it
-    down on exit. ``on_load_failure`` is told if that load fails (the CLI exits non-zero).
+    down on exit. ``on_load_failure`` is told if that load fails, or if the engine later stops
+    for good (a tensor-parallel worker died or hung): the CLI then exits non-zero.
     """
     state = ServerState(
         settings=settings, metrics=ServerMetrics(), api_keys=load_api_keys(settings)
@@ -107,6 +108,8 @@ async def _load(
         engine = await asyncio.to_thread(AsyncEngine.from_config, settings.engine_config())
         owned.append(engine)
         await engine.start()
+        if on_failure is not None:
+            engine.on_fatal(on_failure)
     except Exception as err:
         log.exception("loading the model failed")
         state.load_error = err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import types
 import typing
@@ -81,10 +82,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure_logging(settings.log_level)
     if args.command == "serve":
+        worker = _torchrun_worker_rank()
+        if worker is not None:  # torchrun rank > 0: no HTTP, just follow rank 0's steps
+            from engine.distributed.worker import run_torchrun_worker
+
+            return run_torchrun_worker(settings.engine_config())
         from server.serve import serve
 
         return serve(settings)
     return _generate(settings, args.prompt, args.max_tokens, args.temperature)
+
+
+def _torchrun_worker_rank() -> int | None:
+    """This process's RANK when torchrun started it as a rank other than 0."""
+    if "WORLD_SIZE" in os.environ and int(os.environ.get("RANK", "0")) > 0:
+        return int(os.environ["RANK"])
+    return None
 
 
 def _generate(settings: ServerSettings, prompt: str, max_tokens: int, temperature: float) -> int:

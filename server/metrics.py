@@ -193,6 +193,16 @@ class EngineStatsCollector(Collector):
         ("tessel_kv_cache_usage_perc", "kv_usage", "Fraction of KV-cache blocks in use (0..1)."),
         ("tessel_kv_cache_blocks_used", "kv_blocks_used", "KV-cache blocks held by requests."),
         ("tessel_kv_cache_blocks_capacity", "kv_blocks_total", "KV-cache blocks allocated."),
+        (
+            "tessel_kv_cache_memory_bytes",
+            "kv_cache_bytes",
+            "KV-cache memory allocated, summed over every tensor-parallel rank.",
+        ),
+        (
+            "tessel_tensor_parallel_size",
+            "tensor_parallel_size",
+            "Ranks (processes, one per GPU) the model is split across.",
+        ),
     )
     COUNTERS = (
         (

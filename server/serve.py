@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import sys
+import threading
 from types import FrameType
 
 import uvicorn
@@ -20,6 +23,10 @@ from server.settings import ServerSettings
 from server.state import ServerState
 
 log = logging.getLogger("tessel.server")
+
+FAILED_EXIT_GRACE_S = 15.0
+"""After a fatal failure, how long the orderly shutdown may take before the process is ended
+anyway (a step thread stuck in a dead NCCL collective would otherwise block exit forever)."""
 
 
 class DrainingServer(uvicorn.Server):
@@ -59,9 +66,22 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
     def fail(self, err: BaseException) -> None:
-        """The model could not be loaded: exit non-zero."""
+        """The model could not be loaded, or the engine stopped for good: exit non-zero."""
+        if self.exit_code:
+            return
+        log.error("exiting: %s", err)
         self.exit_code = 1
         self.should_exit = True
+        timer = threading.Timer(FAILED_EXIT_GRACE_S, _hard_exit, args=(self.exit_code,))
+        timer.daemon = True
+        timer.start()
+
+
+def _hard_exit(code: int) -> None:
+    log.error("shutdown did not finish within %.0f s; exiting now", FAILED_EXIT_GRACE_S)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def serve(settings: ServerSettings) -> int:

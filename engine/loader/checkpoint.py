@@ -30,3 +30,7 @@ class Checkpoint:
     is never held twice in memory. Each call starts a fresh pass."""
     served_name: str
     """Short model name for the API (file stem, directory name or preset name)."""
+    weight_slices: Callable[[], Iterator[tuple[str, Any]]] | None = None
+    """The same stream with each tensor a lazy slice (``narrow`` reads only the rows or columns
+    asked for), so a tensor-parallel rank reads just its shard; None where the format cannot
+    (random weights, a GGUF read without its converted cache)."""

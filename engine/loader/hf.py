@@ -124,6 +124,32 @@ def iter_safetensors(files: dict[Path, list[str]]) -> Iterator[tuple[str, torch.
                     yield name, f.get_tensor(name)
 
 
+class SafetensorsSlice:
+    """One tensor of an open safetensors file, read only in the part a rank asks for."""
+
+    def __init__(self, handle: Any, name: str) -> None:
+        self._slice = handle.get_slice(name)
+        self.shape = tuple(self._slice.get_shape())
+
+    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
+        index = (slice(None),) * dim + (slice(start, start + length),)
+        tensor: torch.Tensor = self._slice[index]
+        return tensor
+
+    def read(self) -> torch.Tensor:
+        tensor: torch.Tensor = self._slice[...]
+        return tensor
+
+
+def iter_safetensors_slices(files: dict[Path, list[str]]) -> Iterator[tuple[str, SafetensorsSlice]]:
+    """``iter_safetensors``, each tensor a lazy slice: a tensor-parallel rank reads its rows only."""
+    for path, names in files.items():
+        with safe_open(str(path), framework="pt") as f:
+            for name in names:
+                if not name.endswith(_IGNORED_SUFFIXES):
+                    yield name, SafetensorsSlice(f, name)
+
+
 def load_hf_checkpoint(directory: Path) -> Checkpoint:
     """Open a HF directory: config and tokenizer now, weights on demand."""
     from engine.tokenizer import load_tokenizer
@@ -141,4 +167,5 @@ def load_hf_checkpoint(directory: Path) -> Checkpoint:
         source=str(directory),
         weights=lambda: iter_safetensors(files),
         served_name=directory.resolve().name,
+        weight_slices=lambda: iter_safetensors_slices(files),
     )

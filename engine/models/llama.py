@@ -1,5 +1,9 @@
 """One decoder for the Llama family: Llama 2/3, Mistral, Qwen2 (q/k/v bias), Qwen3 (q/k norm),
-SmolLM2. Parameter names follow Hugging Face's, with q/k/v and gate/up fused."""
+SmolLM2. Parameter names follow Hugging Face's, with q/k/v and gate/up fused.
+
+Tensor parallel (Megatron): q/k/v and gate/up are column-parallel (each rank its heads and its
+slice of the MLP width), o_proj and down_proj row-parallel with an all-reduce, the embedding and
+LM head vocab-parallel; rank 0 gathers the logits."""
 
 from __future__ import annotations
 
@@ -10,11 +14,13 @@ from torch import nn
 
 from config.model_arch import ModelArch
 from engine.models.layers.attention import PagedAttention
+from engine.models.layers.collectives import gather_columns
 from engine.models.layers.linear import (
     UNQUANTIZED,
     ColumnParallelLinear,
     LinearMethod,
     RowParallelLinear,
+    TensorSource,
     VocabParallelEmbedding,
     default_weight_loader,
     pack_cpu_weights,
@@ -52,8 +58,9 @@ class LlamaAttention(nn.Module):
         super().__init__()
         d = arch.head_dim
         self.num_heads = tp.shard(arch.num_attention_heads, "num_attention_heads")
-        self.num_kv_heads = tp.shard(arch.num_key_value_heads, "num_key_value_heads")
+        self.num_kv_heads, first_kv = tp.kv_heads(arch.num_key_value_heads)
         self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
+        kv_rows = (self.kv_size, first_kv * d)  # a replicated KV head: several ranks read the same rows
         self.qkv_proj = ColumnParallelLinear(
             arch.hidden_size,
             [arch.num_attention_heads * d, arch.num_key_value_heads * d, arch.num_key_value_heads * d],
@@ -61,6 +68,7 @@ class LlamaAttention(nn.Module):
             tp=tp,
             shard_ids=["q", "k", "v"],
             method=_method(quant, f"{prefix}.qkv_proj"),
+            partition=[(self.q_size, tp.rank * self.q_size), kv_rows, kv_rows],
         )
         self.o_proj = RowParallelLinear(
             arch.num_attention_heads * d, arch.hidden_size, tp=tp, method=_method(quant, f"{prefix}.o_proj")
@@ -156,6 +164,7 @@ class LlamaForCausalLM(nn.Module):
     ) -> None:
         super().__init__()
         self.arch = arch
+        self.tp = tp
         self.model = LlamaModel(arch, max_positions, tp, quant)
         self.lm_head = (
             None
@@ -176,16 +185,21 @@ class LlamaForCausalLM(nn.Module):
     def head(self) -> VocabParallelEmbedding:
         return self.lm_head if self.lm_head is not None else self.model.embed_tokens
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.head.as_head(hidden)
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """[rows, vocab] logits; under tensor parallelism only rank 0 gets them (None elsewhere)."""
+        logits = self.head.as_head(hidden)
+        if self.tp.size == 1:
+            return logits
+        return gather_columns(logits, self.tp, self.arch.vocab_size)
 
     def pack_cpu_weights(self) -> int:
         """CPU: every GEMM's weight in oneDNN's packed layout (after ``load_weights``)."""
         return pack_cpu_weights([self.model.layers, self.head])
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, TensorSource]]) -> None:
         """Copy checkpoint tensors (HF names) into this rank's shards; every parameter must
-        be covered, so a checkpoint missing a tensor fails here rather than generating junk."""
+        be covered, so a checkpoint missing a tensor fails here rather than generating junk.
+        A tensor may be a lazy slice: sharded parameters then read only their own part."""
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         for name, tensor in weights:
@@ -202,7 +216,7 @@ class LlamaForCausalLM(nn.Module):
             if param is None:
                 raise ValueError(f"checkpoint tensor {name!r} has no place in {self.arch.architecture}")
             loader = getattr(param, "weight_loader", default_weight_loader)
-            loader(param, tensor.to(param.dtype), shard_id)
+            loader(param, tensor, shard_id)  # copy_ casts to the parameter's dtype
             loaded.add(target if shard_id is None else f"{target}:{shard_id}")
         missing = [n for n in params if not _covered(n, loaded)]
         if missing:

@@ -70,6 +70,10 @@ class StepBuffers:
     def used(self, name: str) -> int:
         return self._used.get(name, 0)
 
+    def host_view(self, name: str) -> np.ndarray:
+        """The written prefix of a host buffer (what a tensor-parallel step broadcasts)."""
+        return self._np[name][: self._used.get(name, 0)]
+
     def device_view(self, name: str) -> torch.Tensor:
         return self._dev[name][: self._used.get(name, 0)]
 

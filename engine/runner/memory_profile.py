@@ -12,12 +12,12 @@ from kernels.attention.metadata import AttentionMetadata
 @torch.inference_mode()
 def peak_activation_bytes(
     model: nn.Module, arch: ModelArch, max_tokens: int, max_seqs: int, block_size: int,
-    dtype: torch.dtype, device: torch.device,
+    dtype: torch.dtype, device: torch.device, num_kv_heads: int | None = None,
 ) -> int:
     """Device memory the largest step needs beyond weights and KV: one prefill of ``max_tokens``
     tokens through a scratch cache, plus float32 logits for ``max_seqs`` rows."""
     blocks = -(-max_tokens // block_size)
-    shape = (blocks, block_size, arch.num_key_value_heads, arch.head_dim)
+    shape = (blocks, block_size, num_kv_heads or arch.num_key_value_heads, arch.head_dim)
     caches = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
               for _ in range(arch.num_hidden_layers)]
     torch.cuda.synchronize(device)
@@ -28,8 +28,9 @@ def peak_activation_bytes(
     md = AttentionMetadata.single_prefill(max_tokens, block_size, device)
     hidden = model(ids, positions, caches, md)
     rows = hidden[:1].expand(max_seqs, -1).contiguous()
-    logits = model.compute_logits(rows).float()
-    torch.softmax(logits, dim=-1)
+    logits = model.compute_logits(rows)  # None on tensor-parallel workers: rank 0 has them
+    if logits is not None:
+        torch.softmax(logits.float(), dim=-1)
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - base
     cache_bytes = sum(k.numel() * k.element_size() * 2 for k, _ in caches)

@@ -3,23 +3,30 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from config.model_arch import ModelArch
+from engine.models.layers.parallel import SINGLE, ParallelRank
 from engine.request import Logprob
 from engine.runner.pipeline import InFlightStep, RunnerOutput, StepPipeline
 from engine.sampler import Sampler
 from engine.scheduler.output import SchedulerOutput
 from kernels.attention.decode_plan import DecodeConfig
 
+if TYPE_CHECKING:
+    from engine.distributed.step_channel import StepChannel
+
 __all__ = ["ModelRunner", "RunnerLimits", "RunnerOutput", "kv_bytes_per_block", "score_tokens"]
 
 
-def kv_bytes_per_block(arch: ModelArch, block_size: int, dtype: torch.dtype) -> int:
+def kv_bytes_per_block(arch: ModelArch, block_size: int, dtype: torch.dtype, tp: ParallelRank = SINGLE) -> int:
+    """Bytes of one block's K and V over all layers, on one rank (its KV heads only)."""
     elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * arch.num_hidden_layers * block_size * arch.num_key_value_heads * arch.head_dim * elem
+    kv_heads = tp.kv_heads(arch.num_key_value_heads)[0]
+    return 2 * arch.num_hidden_layers * block_size * kv_heads * arch.head_dim * elem
 
 
 @dataclass(frozen=True)
@@ -46,12 +53,14 @@ class ModelRunner:
         dtype: torch.dtype,
         seed: int = 0,
         limits: RunnerLimits = RunnerLimits(),
+        tp: ParallelRank = SINGLE,
+        channel: StepChannel | None = None,
     ) -> None:
         self.model = model
         self.arch = arch
         self.block_size = block_size
         self.device = device
-        shape = (num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
+        shape = (num_blocks, block_size, tp.kv_heads(arch.num_key_value_heads)[0], arch.head_dim)
         self.kv_caches = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(arch.num_hidden_layers)
@@ -60,7 +69,7 @@ class ModelRunner:
         self.pipeline = StepPipeline(
             model, arch, self.kv_caches, self.sampler, block_size,
             max_tokens=limits.max_tokens, max_seqs=limits.max_seqs, max_model_len=limits.max_model_len,
-            decode_config=limits.decode, graph_sizes=list(limits.graph_sizes),
+            decode_config=limits.decode, graph_sizes=list(limits.graph_sizes), tp=tp, channel=channel,
         )
 
     def launch(self, sched: SchedulerOutput, prev: InFlightStep | None = None) -> InFlightStep:

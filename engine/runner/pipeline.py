@@ -8,17 +8,22 @@
 
 ``launch`` runs 1-4 and returns at once with an ``InFlightStep``; ``finish`` waits for it. Two
 buffer sets alternate, so ``launch`` of step N+1 may run while step N still computes.
+
+Under tensor parallelism rank 0 ``launch``es as above and broadcasts stage 1's buffers and the
+sampled ids (``StepChannel``); each worker ``follow``s with stages 2-4 of the same step.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from config.model_arch import ModelArch
+from engine.models.layers.parallel import SINGLE, ParallelRank
 from engine.request import Logprob, Request
 from engine.runner.buffers import DoubleBuffer, input_specs
 from engine.runner.cuda_graph import DecodeGraphs
@@ -33,6 +38,9 @@ from kernels.attention.decode_plan import (
     StaticDecodePlan,
 )
 from kernels.attention.metadata import AttentionMetadata
+
+if TYPE_CHECKING:
+    from engine.distributed.step_channel import StepChannel
 
 STAGES = ("prepare", "copy", "compute", "aggregate", "return")
 
@@ -91,13 +99,17 @@ class StepPipeline:
         max_model_len: int,
         decode_config: DecodeConfig = DEFAULT_DECODE,
         graph_sizes: list[int] | None = None,
+        tp: ParallelRank = SINGLE,
+        channel: StepChannel | None = None,
     ) -> None:
         self.model, self.arch, self.kv_caches, self.sampler = model, arch, kv_caches, sampler
         self.block_size = block_size
+        self.channel = channel  # None at one rank: nothing is broadcast
         self.device = kv_caches[0][0].device
         self.cuda = self.device.type == "cuda"
         max_blocks = -(-max_model_len // block_size) + 1
-        q_heads, kv_heads, d = arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim
+        q_heads = tp.shard(arch.num_attention_heads, "num_attention_heads")
+        kv_heads, d = tp.kv_heads(arch.num_key_value_heads)[0], arch.head_dim
         self.static_plan = (
             StaticDecodePlan(max_seqs, q_heads, kv_heads, d, self.device, decode_config, max_model_len)
             if self.cuda
@@ -133,6 +145,8 @@ class StepPipeline:
         graph_batch = self.graphs.size_for(len(sched.scheduled)) if self.graphs and decode_only else None
         prev_rows = prev.rows if prev is not None else {}
         step = prepare_step(sched.scheduled, buf, self.block_size, prev_rows, graph_batch, self.static_plan)
+        if self.channel is not None:
+            self.channel.send(step)
         if step.plan is not None:
             timing.plan_imbalance = step.plan.host.imbalance()
         t1 = time.perf_counter()
@@ -146,7 +160,7 @@ class StepPipeline:
             compute.wait_event(buf.uploaded)
         self._record(ev, "compute_start", compute)
         t2 = time.perf_counter()
-        hidden = self._forward(step, prev)  # stage 3
+        hidden = self._forward(step, prev.sampled if prev is not None else None)  # stage 3
         self._record(ev, "compute_end", compute)
         t3 = time.perf_counter()
         inflight = self._aggregate(sched, step, hidden, timing, ev)  # stage 4
@@ -159,13 +173,36 @@ class StepPipeline:
         timing.graph = graph_batch is not None
         return inflight
 
-    def _forward(self, step: PreparedStep, prev: InFlightStep | None) -> torch.Tensor:
+    @torch.inference_mode()
+    def follow(self, step: PreparedStep, prev_sampled: torch.Tensor | None) -> torch.Tensor | None:
+        """A worker's stages 2-4 of a step rank 0 prepared: the same forward, this rank's logits
+        sent to rank 0, and the ids rank 0 sampled received (the next step's inputs read them)."""
+        assert self.channel is not None
+        buf = step.buffers
+        buf.upload(self.copy_stream)
+        compute = torch.cuda.current_stream(self.device) if self.cuda else None
+        if compute is not None and buf.uploaded is not None:
+            compute.wait_event(buf.uploaded)
+        hidden = self._forward(step, prev_sampled)
+        for chunk in step.prompt_logprobs:
+            self.model.compute_logits(hidden[chunk.rows])  # type: ignore[operator]  # joins rank 0's gather
+        sampled = None
+        num_sampling = buf.used("logits_indices")
+        if num_sampling:
+            self.model.compute_logits(hidden.index_select(0, buf.device_view("logits_indices")))  # type: ignore[operator]
+            sampled = self.channel.receive_sampled(num_sampling, self.device)
+        if compute is not None:
+            buf.consumed = torch.cuda.Event()
+            buf.consumed.record(compute)
+        return sampled
+
+    def _forward(self, step: PreparedStep, prev_sampled: torch.Tensor | None) -> torch.Tensor:
         buf = step.buffers
         input_ids = buf.device_view("input_ids")
         if step.num_from_prev:
-            assert prev is not None and prev.sampled is not None
+            assert prev_sampled is not None
             src, dst = buf.device_view("prev_src"), buf.device_view("prev_dst")
-            input_ids.index_copy_(0, dst, prev.sampled.index_select(0, src))
+            input_ids.index_copy_(0, dst, prev_sampled.index_select(0, src))
         if step.graph_batch is not None and self.graphs is not None:
             return self.graphs.run(step, input_ids)
         md = self._metadata(step)
@@ -208,6 +245,8 @@ class StepPipeline:
         logits = self.model.compute_logits(hidden.index_select(0, indices)).float()
         meta = SamplingMetadata.build(requests, self.arch.vocab_size, self.device)
         tokens, raw_lp = self.sampler.sample_on_device(logits, meta)
+        if self.channel is not None:
+            self.channel.send_sampled(tokens)
         host = self._sampled_host[step.buffers.index][: len(requests)]
         host.copy_(tokens, non_blocking=True)
         return InFlightStep(sched, step, rows, tokens, host, raw_lp, meta, prompt_lp, timing, ev)

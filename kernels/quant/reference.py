@@ -17,11 +17,14 @@ from kernels.quant.types import FP8_DTYPE, MIN_ABSMAX, QuantizedTensor, qmax
 EXACT_FP32_K = 1024
 
 
-def quantize_rows(x: torch.Tensor, qdtype: torch.dtype) -> QuantizedTensor:
-    """``x`` [..., K] -> per-row quantized [rows, K] with scales [rows, 1]."""
+def quantize_rows(x: torch.Tensor, qdtype: torch.dtype, absmax: torch.Tensor | None = None) -> QuantizedTensor:
+    """``x`` [..., K] -> per-row quantized [rows, K] with scales [rows, 1]. ``absmax`` [rows, 1]:
+    scale by these row maxima instead of ``x``'s own (a shard of longer rows, scaled as the whole)."""
     limit = qmax(qdtype)
     xf = x.reshape(-1, x.shape[-1]).float()
-    absmax = xf.abs().amax(dim=-1, keepdim=True).clamp(min=MIN_ABSMAX)
+    if absmax is None:
+        absmax = xf.abs().amax(dim=-1, keepdim=True)
+    absmax = absmax.float().clamp(min=MIN_ABSMAX)
     q = xf * (limit / absmax)
     if qdtype == torch.int8:
         q = torch.round(q)

@@ -53,10 +53,12 @@ def calibration_prompts(path: str | None) -> list[str]:
 def prefill_hidden(model: nn.Module, token_ids: list[int], block_size: int = 16) -> torch.Tensor:
     """Final hidden states [T, hidden] of one prompt, through a scratch paged KV cache."""
     arch: Any = model.arch  # type: ignore[attr-defined]
+    tp: Any = model.tp  # type: ignore[attr-defined]
+    kv_heads = tp.kv_heads(arch.num_key_value_heads)[0]  # this rank's, under tensor parallelism
     ref = model.get_parameter("model.embed_tokens.weight")
     device, dtype, n = ref.device, ref.dtype, len(token_ids)
     blocks = -(-n // block_size)
-    shape = (blocks, block_size, arch.num_key_value_heads, arch.head_dim)
+    shape = (blocks, block_size, kv_heads, arch.head_dim)
     caches = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
               for _ in range(arch.num_hidden_layers)]
     md = AttentionMetadata.single_prefill(n, block_size, device)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from engine.loader import CheckpointError
+from engine.models.layers.linear import TensorSource, read_whole
 
 _FORMATS = {"int": ("int-quantized", "naive-quantized"), "float": ("float-quantized", "naive-quantized")}
 
@@ -67,12 +68,12 @@ def _expect(args: dict[str, Any], where: str, *, strategy: str, dynamic: bool) -
     return str(got["type"])
 
 
-def drop_zero_points(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+def drop_zero_points(weights: Iterator[tuple[str, TensorSource]]) -> Iterator[tuple[str, TensorSource]]:
     """Skip the all-zero zero points some exports store for symmetric schemes; a non-zero one
     would mean an asymmetric scheme, which is refused."""
     for name, tensor in weights:
         if name.endswith("_zero_point"):
-            if torch.count_nonzero(tensor):
+            if torch.count_nonzero(read_whole(tensor)):
                 raise CheckpointError(f"{name} is non-zero: asymmetric quantization is not supported")
             continue
         yield name, tensor

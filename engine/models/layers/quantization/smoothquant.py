@@ -13,9 +13,11 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from engine.models.layers.linear import pack_cpu_weights
+from engine.models.layers.collectives import all_reduce
+from engine.models.layers.linear import ColumnParallelLinear, pack_cpu_weights
 from engine.models.layers.quantization.calibration import prefill_hidden
 
 SMOOTHED = ("qkv_proj", "gate_up_proj", "down_proj")
@@ -42,10 +44,20 @@ def input_absmax(model: nn.Module, prompts: Iterable[list[int]]) -> dict[str, to
     return stats
 
 
-def smoothing_scales(act_absmax: torch.Tensor, weight: torch.Tensor, alpha: float) -> torch.Tensor:
+def smoothing_scales(act_absmax: torch.Tensor, w_absmax: torch.Tensor, alpha: float) -> torch.Tensor:
     """``s_j = max|x_j|^alpha / max|W_:,j|^(1 - alpha)``, floored so no channel divides by ~0."""
-    w_absmax = weight.detach().abs().amax(0).float().clamp(min=_FLOOR)
+    w_absmax = w_absmax.clamp(min=_FLOOR)
     return (act_absmax.clamp(min=_FLOOR).pow(alpha) / w_absmax.pow(1 - alpha)).clamp(min=_FLOOR)
+
+
+def input_channel_absmax(layer: nn.Module) -> torch.Tensor:
+    """``max|W_:,j|`` per input channel. A column-parallel shard holds some of the rows: the
+    ranks take the max over all of them, so every rank folds the same scales into the norm gain
+    they all hold (its inputs are replicated, the same bits on every rank)."""
+    w_absmax = layer.get_parameter("weight").detach().abs().amax(0).float()
+    if isinstance(layer, ColumnParallelLinear) and layer.tp.size > 1:
+        all_reduce(w_absmax, op=dist.ReduceOp.MAX)
+    return w_absmax
 
 
 @torch.inference_mode()
@@ -56,12 +68,13 @@ def smooth_model(model: nn.Module, prompts: Iterable[list[int]], alpha: float) -
     for i, layer in enumerate(layers):
         prefix = f"model.layers.{i}"
         attn, mlp = layer.self_attn, layer.mlp
-        s = smoothing_scales(stats[f"{prefix}.self_attn.qkv_proj"], attn.qkv_proj.weight, alpha)
+        s = smoothing_scales(stats[f"{prefix}.self_attn.qkv_proj"], input_channel_absmax(attn.qkv_proj), alpha)
         _fold(layer.input_layernorm.weight, attn.qkv_proj.weight, s)
-        s = smoothing_scales(stats[f"{prefix}.mlp.gate_up_proj"], mlp.gate_up_proj.weight, alpha)
+        s = smoothing_scales(stats[f"{prefix}.mlp.gate_up_proj"], input_channel_absmax(mlp.gate_up_proj), alpha)
         _fold(layer.post_attention_layernorm.weight, mlp.gate_up_proj.weight, s)
-        s = smoothing_scales(stats[f"{prefix}.mlp.down_proj"], mlp.down_proj.weight, alpha)
-        up = mlp.gate_up_proj.weight.shape[0] // 2  # rows [up:] are the up projection
+        # down_proj's input channels are this rank's slice of the MLP width, its rows whole: local
+        s = smoothing_scales(stats[f"{prefix}.mlp.down_proj"], input_channel_absmax(mlp.down_proj), alpha)
+        up = mlp.gate_up_proj.weight.shape[0] // 2  # rows [up:] are the up projection (this rank's)
         mlp.gate_up_proj.weight.data[up:] /= s[:, None].to(mlp.gate_up_proj.weight.dtype)
         if mlp.gate_up_proj.bias is not None:
             mlp.gate_up_proj.bias.data[up:] /= s.to(mlp.gate_up_proj.bias.dtype)

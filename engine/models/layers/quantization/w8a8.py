@@ -1,14 +1,20 @@
 """The W8A8 linear method: 8-bit weights with one scale per output channel, activations
-quantized per token (by the op before the layer when it can, else here), one fused GEMM."""
+quantized per token (by the op before the layer when it can, else here), one fused GEMM.
+
+Under tensor parallelism a row-parallel layer's activations are quantized per token on this
+rank's slice of the row (one scale per slice, not per row: an all-reduce per layer and step
+would cost more than it is worth), so W8A8 outputs are close to one rank's, not bit-identical."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from engine.models.layers.linear import LinearMethod, WeightLoader, make_param
+from engine.models.layers.collectives import all_reduce
+from engine.models.layers.linear import LinearMethod, RowParallelLinear, WeightLoader, make_param
 from kernels import dispatch
 from kernels.quant import reference as quant_reference
 from kernels.quant.types import QuantizedTensor
@@ -37,7 +43,8 @@ class W8A8LinearMethod(LinearMethod):
         if self.from_checkpoint:
             scale = layer.get_parameter("weight_scale").data.float()
         else:
-            quantized = quant_reference.quantize_rows(layer.get_parameter("weight").data, self.qdtype)
+            weight = layer.get_parameter("weight").data
+            quantized = quant_reference.quantize_rows(weight, self.qdtype, whole_row_absmax(layer, weight))
             layer.weight = nn.Parameter(quantized.data, requires_grad=False)
             scale = quantized.scale
         layer.weight_scale = nn.Parameter(scale.reshape(-1, 1).contiguous(), requires_grad=False)
@@ -48,3 +55,12 @@ class W8A8LinearMethod(LinearMethod):
             xq.data, xq.scale, layer.weight, layer.weight_scale, bias, xq.dtype  # type: ignore[arg-type]
         )
         return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def whole_row_absmax(layer: nn.Module, weight: torch.Tensor) -> torch.Tensor | None:
+    """A row-parallel shard holds part of each output row: the ranks agree on the whole row's
+    max |w| (a MAX all-reduce at load time), so each output channel gets one scale, as at one
+    rank and as a quantized checkpoint stores it. None where the rows are whole."""
+    if not isinstance(layer, RowParallelLinear) or layer.tp.size == 1:
+        return None
+    return all_reduce(weight.abs().amax(dim=-1, keepdim=True).float(), op=dist.ReduceOp.MAX)
