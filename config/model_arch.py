@@ -11,6 +11,7 @@ SUPPORTED_ARCHITECTURES = (
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
 )
 
 
@@ -44,6 +45,23 @@ class ModelArch(BaseModel):
     qk_norm: bool
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
+    num_experts: int = 0
+    """Routed experts per MoE layer; 0 for a dense model."""
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    """Renormalise the top-k routing weights to sum to 1 (Qwen3-MoE's config flag)."""
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    """Layers that keep a dense MLP in a MoE model."""
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Qwen3-MoE's rule: every ``decoder_sparse_step``-th layer not listed as MLP-only."""
+        return (
+            self.num_experts > 0
+            and layer not in self.mlp_only_layers
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> ModelArch:
@@ -79,7 +97,14 @@ class ModelArch(BaseModel):
             max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             qkv_bias=arch == "Qwen2ForCausalLM" or bool(hf.get("attention_bias", False)),
-            qk_norm=arch == "Qwen3ForCausalLM",
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
             eos_token_ids=eos_ids,
             bos_token_id=hf.get("bos_token_id"),
+            # transformers 5 writes num_local_experts; Hub Qwen3-MoE configs num_experts
+            num_experts=int(hf.get("num_experts") or hf.get("num_local_experts") or 0),
+            num_experts_per_tok=int(hf.get("num_experts_per_tok") or 0),
+            moe_intermediate_size=int(hf.get("moe_intermediate_size") or 0),
+            norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+            decoder_sparse_step=int(hf.get("decoder_sparse_step") or 1),
+            mlp_only_layers=tuple(hf.get("mlp_only_layers") or ()),
         )

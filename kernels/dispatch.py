@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from kernels import cpu_attention, cpu_linear, reference
 from kernels.attention.metadata import AttentionMetadata
+from kernels.moe import reference as moe_reference
 from kernels.quant import reference as quant_reference
 from kernels.quant.types import QuantizedTensor
 
@@ -143,3 +144,10 @@ def scaled_mm(
     if _use_triton(a):
         return _ops().scaled_mm(a, a_scale, b, b_scale, bias, out_dtype)
     return quant_reference.scaled_mm(a, a_scale, b, b_scale, bias, out_dtype)
+
+
+def fused_moe(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+) -> torch.Tensor:
+    """Routed SwiGLU experts: x [T, H], w13 [E, 2I, H], w2 [E, H, I], top-k weights/ids [T, K]."""
+    return moe_reference.fused_moe(x, w13, w2, topk_weights, topk_ids)

@@ -25,7 +25,12 @@ _CORPUS = [
     "Serving language models: paged attention, continuous batching, prefix caching.",
     "Numbers 0123456789 and unicode: héllo wörld, 日本語, emoji 🎉.",
 ]
-_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_ARCHS = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+}
 _GGUF_ARCH = {
     "llama": gguf.MODEL_ARCH.LLAMA,
     "qwen2": gguf.MODEL_ARCH.QWEN2,
@@ -76,6 +81,8 @@ def tiny_config(arch: str = "llama", **overrides: Any) -> Any:
         "eos_token_id": 2,
     }
     fields.update(overrides)
+    if arch == "qwen3_moe":  # 8 experts of width 32, top-2, unless overridden
+        fields = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, **fields}
     return getattr(transformers, _ARCHS[arch].replace("ForCausalLM", "Config"))(**fields)
 
 

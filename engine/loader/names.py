@@ -16,7 +16,9 @@ GGUF_ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
 }
 """GGUF ``general.architecture`` -> HF ``architectures[0]``."""
-SUPPORTED_ARCHITECTURES = tuple(GGUF_ARCHITECTURES.values())
+HF_ONLY_ARCHITECTURES = ("Qwen3MoeForCausalLM",)
+"""Loaded from HF directories only: GGUF stores experts stacked (``ffn_*_exps``), not mapped yet."""
+SUPPORTED_ARCHITECTURES = (*GGUF_ARCHITECTURES.values(), *HF_ONLY_ARCHITECTURES)
 
 _GGUF_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _GGUF_BLOCK = {
@@ -78,10 +80,13 @@ def expected_shapes(hf_config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         shapes[p + "self_attn.o_proj.weight"] = (hidden, n_heads * hd)
         if o_bias:
             shapes[p + "self_attn.o_proj.bias"] = (hidden,)
-        if arch == "Qwen3ForCausalLM":
+        if arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
             shapes[p + "self_attn.q_norm.weight"] = (hd,)
             shapes[p + "self_attn.k_norm.weight"] = (hd,)
         shapes[p + "post_attention_layernorm.weight"] = (hidden,)
+        if _is_moe_layer(hf_config, i):
+            shapes.update(_expert_shapes(hf_config, p))
+            continue
         for proj, shape in (
             ("gate_proj", (inter, hidden)),
             ("up_proj", (inter, hidden)),
@@ -93,6 +98,30 @@ def expected_shapes(hf_config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     shapes["model.norm.weight"] = (hidden,)
     if not hf_config.get("tie_word_embeddings", False):
         shapes["lm_head.weight"] = (vocab, hidden)
+    return shapes
+
+
+def _num_experts(hf_config: dict[str, Any]) -> int:
+    return int(hf_config.get("num_experts") or hf_config.get("num_local_experts") or 0)
+
+
+def _is_moe_layer(hf_config: dict[str, Any], layer: int) -> bool:
+    """Qwen3-MoE's rule (mirrors ``ModelArch.is_moe_layer``)."""
+    step = int(hf_config.get("decoder_sparse_step") or 1)
+    only_mlp = hf_config.get("mlp_only_layers") or ()
+    return _num_experts(hf_config) > 0 and layer not in only_mlp and (layer + 1) % step == 0
+
+
+def _expert_shapes(hf_config: dict[str, Any], prefix: str) -> dict[str, tuple[int, ...]]:
+    """A MoE block's router and per-expert projections, as HF stores them (one tensor each)."""
+    hidden, inter = hf_config["hidden_size"], hf_config["moe_intermediate_size"]
+    n = _num_experts(hf_config)
+    shapes: dict[str, tuple[int, ...]] = {f"{prefix}mlp.gate.weight": (n, hidden)}
+    for e in range(n):
+        e_prefix = f"{prefix}mlp.experts.{e}."
+        shapes[e_prefix + "gate_proj.weight"] = (inter, hidden)
+        shapes[e_prefix + "up_proj.weight"] = (inter, hidden)
+        shapes[e_prefix + "down_proj.weight"] = (hidden, inter)
     return shapes
 
 
