@@ -80,6 +80,7 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
             raise ValueError("quantization is not supported for mixture-of-experts models yet")
         nn.Module.__init__(self)
         self.arch = arch
+        self.tp = tp
         self.model = Qwen3MoeModel(arch, max_positions, tp)
         self.lm_head = (
             None if arch.tie_word_embeddings else VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, tp)
