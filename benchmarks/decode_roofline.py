@@ -24,8 +24,8 @@ PROMPT_LEN, NEW_TOKENS = 512, 256
 
 def gpu_random_weights(hf_config: dict[str, Any], seed: int) -> Iterator[tuple[str, torch.Tensor]]:
     """The dummy loader's weights, drawn on the GPU in bf16 (the CPU draw of 8B floats is slow)."""
-    from engine.loader.dummy import INIT_STD
-    from engine.loader.names import expected_shapes, is_norm
+    from tessel.engine.loader.dummy import INIT_STD
+    from tessel.engine.loader.names import expected_shapes, is_norm
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
     for name, shape in expected_shapes(hf_config).items():
@@ -37,7 +37,7 @@ def gpu_random_weights(hf_config: dict[str, Any], seed: int) -> Iterator[tuple[s
 
 
 def use_gpu_dummy_weights() -> None:
-    import engine.loader.dummy as dummy
+    import tessel.engine.loader.dummy as dummy
 
     dummy.random_weights = gpu_random_weights  # type: ignore[assignment]
 
@@ -67,7 +67,7 @@ def free() -> None:
 
 def step_bytes(hf: dict[str, Any], context: float) -> float:
     """Weight bytes read per decode step (bf16) plus KV bytes at ``context`` tokens."""
-    from engine.loader.names import expected_shapes
+    from tessel.engine.loader.names import expected_shapes
 
     shapes = expected_shapes(hf)
     total = sum(torch.Size(s).numel() for s in shapes.values())
@@ -80,7 +80,7 @@ def step_bytes(hf: dict[str, Any], context: float) -> float:
 
 def engine_decode_rate(model: str, **kw: Any) -> tuple[float, dict[str, Any]]:
     """Decode tok/s of one request (first token to last), after a warm-up request."""
-    from engine import LLM, SamplingParams
+    from tessel.engine import LLM, SamplingParams
 
     llm = LLM(model, load_format="dummy", max_model_len=PROMPT_LEN + NEW_TOKENS + 64, max_num_seqs=8, **kw)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
@@ -104,7 +104,7 @@ def hf_decode_rate(model: str) -> float:
     """transformers, eager, static cache: (t(1 + N new) - t(1 new)) / N."""
     import transformers
 
-    from config import load_preset
+    from tessel.config import load_preset
 
     cfg = load_preset(model)
     config = transformers.AutoConfig.for_model(cfg["model_type"], **{k: v for k, v in cfg.items() if k != "model_type"})
@@ -133,7 +133,7 @@ def main() -> None:
     ap.add_argument("--skip-hf", action="store_true")
     args = ap.parse_args()
     use_gpu_dummy_weights()
-    from config import load_preset
+    from tessel.config import load_preset
 
     bw = copy_bandwidth()
     rows, raw = [], {}

@@ -17,8 +17,8 @@ import torch
 import triton
 
 from benchmarks.quant import SHAPES, bench_ms, operands
-from kernels.quant import gemm
-from kernels.quant import reference as ref
+from tessel.kernels.quant import gemm
+from tessel.kernels.quant import reference as ref
 
 SETTINGS = (None, 128, 32)
 MS = (16, 256, 4096)

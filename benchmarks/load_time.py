@@ -20,8 +20,8 @@ import json, sys, time
 t = time.perf_counter()
 import torch, transformers  # what every torch server pays at start, before any loading
 t_import = time.perf_counter()
-from config import ModelConfig
-from engine.loader import load_checkpoint
+from tessel.config import ModelConfig
+from tessel.engine.loader import load_checkpoint
 ckpt = load_checkpoint(ModelConfig(cache_dir=sys.argv[1]))
 n = sum(w.numel() for _, w in ckpt.weights())
 end = time.perf_counter()
@@ -32,7 +32,7 @@ TRANSFORMERS = """
 import json, sys, time
 t = time.perf_counter()
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from engine.loader import default_model_path
+from tessel.engine.loader import default_model_path
 path = default_model_path()
 AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)

@@ -38,7 +38,7 @@ def peak_rss_mb() -> float:
 
 
 def run_tessel(prompts: list[str], output_len: int) -> dict[str, float]:
-    from engine import LLM, SamplingParams
+    from tessel.engine import LLM, SamplingParams
 
     llm = LLM()
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
@@ -54,13 +54,13 @@ def run_transformers(prompts: list[str], output_len: int, batch: int, tuned_mall
     import torch
 
     if tuned_malloc:  # the allocator settings the CPU engine applies, to show what they alone give
-        from engine.runner.host_allocator import keep_step_buffers_in_heap
+        from tessel.engine.runner.host_allocator import keep_step_buffers_in_heap
 
         keep_step_buffers_in_heap()
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from config import ModelConfig
-    from engine.loader import load_checkpoint
+    from tessel.config import ModelConfig
+    from tessel.engine.loader import load_checkpoint
 
     ckpt = load_checkpoint(ModelConfig())
     model = LlamaForCausalLM(LlamaConfig(**ckpt.hf_config)).eval()

@@ -28,9 +28,9 @@ import torch.nn.functional as F
 import triton
 
 from benchmarks.decode_roofline import free, use_gpu_dummy_weights
-from kernels.quant import act_quant, gemm, gemm_configs
-from kernels.quant import reference as ref
-from kernels.quant.types import FP8_DTYPE
+from tessel.kernels.quant import act_quant, gemm, gemm_configs
+from tessel.kernels.quant import reference as ref
+from tessel.kernels.quant.types import FP8_DTYPE
 
 SHAPES = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (28672, 4096), "down_proj": (4096, 14336)}
 MS = (1, 16, 64, 256, 1024, 4096)
@@ -132,7 +132,7 @@ def _gemm_line(r: dict[str, Any]) -> str:
 
 def decode_rate(llm: Any, batch: int, seed: int) -> float:
     """Output tok/s once every request has its first token (all are decoding together)."""
-    from engine import SamplingParams
+    from tessel.engine import SamplingParams
 
     rng = Random(seed)
     prompts = [[rng.randint(0, 10000) for _ in range(PROMPT_LEN)] for _ in range(batch)]
@@ -144,7 +144,7 @@ def decode_rate(llm: Any, batch: int, seed: int) -> float:
 
 
 def engine_case(quantization: str | None) -> dict[str, Any]:
-    from engine import LLM, SamplingParams
+    from tessel.engine import LLM, SamplingParams
 
     start = time.perf_counter()
     llm = LLM(MODEL, load_format="dummy", quantization=quantization, max_model_len=1024, max_num_seqs=256,

@@ -12,7 +12,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.decode_roofline import use_gpu_dummy_weights  # noqa: E402
-from server.cli import main  # noqa: E402
+from tessel.server.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     use_gpu_dummy_weights()

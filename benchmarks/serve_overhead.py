@@ -33,7 +33,7 @@ class TesselServer:
         cmd = [
             sys.executable,
             "-m",
-            "server.cli",
+            "tessel.server.cli",
             "serve",
             "--port",
             str(port),
@@ -67,8 +67,8 @@ class TesselServer:
 def overhead(args: argparse.Namespace) -> dict[str, Any]:
     """The same requests through ``tessel serve`` (HTTP, streaming) and the offline engine,
     alternated for ``--rounds`` rounds so that a busy machine slows both alike; best of each."""
-    from engine import LLM, SamplingParams
-    from server.settings import ServerSettings
+    from tessel.engine import LLM, SamplingParams
+    from tessel.server.settings import ServerSettings
 
     prompts = make_prompts(args.concurrency, args.input_len, 0.0, args.seed, as_text=False)
     # Warm-up with the full batch shape: the first batch of a new size is several times slower.

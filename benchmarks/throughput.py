@@ -29,7 +29,7 @@ def workload(num: int, lo: int, hi: int, seed: int = 0) -> tuple[list[list[int]]
 
 
 def run(model: str, prompts: list[list[int]], outputs: list[int], **kw: Any) -> dict[str, Any]:
-    from engine import LLM, SamplingParams
+    from tessel.engine import LLM, SamplingParams
 
     llm = LLM(model, load_format="dummy", **kw)
     llm.generate([[1, 2, 3]] * 4, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))  # warm-up

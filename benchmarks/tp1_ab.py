@@ -22,8 +22,8 @@ def main() -> None:
     sys.path.insert(0, args.tree)
     import torch
 
-    import engine
-    from engine import LLM, SamplingParams
+    from tessel import engine
+    from tessel.engine import LLM, SamplingParams
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from config.settings import SchedulerConfig
-from engine.kv_cache.manager import KVCacheManager
-from engine.request import Request, RequestStatus
-from engine.sampling_params import SamplingParams
-from engine.scheduler.output import SchedulerOutput
-from engine.scheduler.scheduler import Scheduler
+from tessel.config.settings import SchedulerConfig
+from tessel.engine.kv_cache.manager import KVCacheManager
+from tessel.engine.request import Request, RequestStatus
+from tessel.engine.sampling_params import SamplingParams
+from tessel.engine.scheduler.output import SchedulerOutput
+from tessel.engine.scheduler.scheduler import Scheduler
 
 
 def make_request(

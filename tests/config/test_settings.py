@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from config import (
+from tessel.config import (
     CacheConfig,
     EngineConfig,
     ModelConfig,
@@ -13,7 +13,7 @@ from config import (
     list_presets,
     load_preset,
 )
-from config.model_arch import ModelArch
+from tessel.config.model_arch import ModelArch
 
 
 def test_presets_cover_the_required_shapes() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from server.cli import build_parser
+from tessel.server.cli import build_parser
 from tests.promtool import needs_promtool, promtool
 
 ROOT = Path(__file__).resolve().parents[2]

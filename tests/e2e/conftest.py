@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine import LLM
-from server.settings import ServerSettings
+from tessel.engine import LLM
+from tessel.server.settings import ServerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 # The same engine settings for the server and the offline reference.
@@ -49,7 +49,7 @@ def start_server(tmp: Path, *extra: str) -> ServerProcess:
     cmd = [
         sys.executable,
         "-m",
-        "server.cli",
+        "tessel.server.cli",
         "serve",
         "--port",
         str(port),

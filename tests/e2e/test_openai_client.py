@@ -8,7 +8,7 @@ import asyncio
 import openai
 import pytest
 
-from engine import LLM, SamplingParams
+from tessel.engine import LLM, SamplingParams
 from tests.e2e.conftest import API_KEY, ServerProcess
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine import LLM, SamplingParams
+from tessel.engine import LLM, SamplingParams
 from tests.checkpoints import write_tiny_checkpoint
 from tests.e2e.conftest import API_KEY, ROOT, ServerProcess, start_server, stop_server
 
@@ -165,7 +165,7 @@ def test_unfit_size_exits_at_once_with_the_allowed_sizes(tmp_path: Path) -> None
 
 PARENT = """
 import subprocess, sys, time
-child = "from engine.distributed.worker import exit_with_parent; import os, time; exit_with_parent(os.getppid()); print('watching', flush=True); time.sleep(120)"
+child = "from tessel.engine.distributed.worker import exit_with_parent; import os, time; exit_with_parent(os.getppid()); print('watching', flush=True); time.sleep(120)"
 p = subprocess.Popen([sys.executable, "-c", child], stdout=sys.stdout)
 print(p.pid, flush=True)
 time.sleep(120)

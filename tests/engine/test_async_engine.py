@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import LLM, AsyncEngine, SamplingParams
-from engine.llm import engine_config_from_kwargs
+from tessel.engine import LLM, AsyncEngine, SamplingParams
+from tessel.engine.llm import engine_config_from_kwargs
 from tests.checkpoints import write_tiny_checkpoint
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.kv_cache.block_pool import NULL_BLOCK, BlockPool
-from engine.kv_cache.prefix_cache import PrefixCacheStats, extend_block_hashes, hash_block
+from tessel.engine.kv_cache.block_pool import NULL_BLOCK, BlockPool
+from tessel.engine.kv_cache.prefix_cache import PrefixCacheStats, extend_block_hashes, hash_block
 
 
 def _h(i: int) -> bytes:

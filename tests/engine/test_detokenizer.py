@@ -8,7 +8,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from engine.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from tessel.engine.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
 from tests.engine.tiny_tokenizer import CORPUS, tiny_tokenizer
 
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 import transformers
 
-from config import ModelConfig
-from engine import LLM, SamplingParams
-from engine.loader import load_checkpoint
+from tessel.config import ModelConfig
+from tessel.engine import LLM, SamplingParams
+from tessel.engine.loader import load_checkpoint
 from tests.checkpoints import write_tiny_checkpoint
 
 MAX_TOKENS = 12

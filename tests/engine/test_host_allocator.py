@@ -6,7 +6,7 @@ import platform
 
 import pytest
 
-from engine.runner.host_allocator import keep_step_buffers_in_heap
+from tessel.engine.runner.host_allocator import keep_step_buffers_in_heap
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc only")

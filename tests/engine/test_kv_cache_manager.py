@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from engine.kv_cache.manager import KVCacheManager
-from engine.kv_cache.prefix_cache import hash_block
-from engine.request import Request
+from tessel.engine.kv_cache.manager import KVCacheManager
+from tessel.engine.kv_cache.prefix_cache import hash_block
+from tessel.engine.request import Request
 from tests.factories import make_request
 
 BS = 4

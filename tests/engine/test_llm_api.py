@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers
 
-from engine import LLM, SamplingParams
+from tessel.engine import LLM, SamplingParams
 from tests.checkpoints import write_tiny_checkpoint
 
 PROMPT = [5, 17, 33, 2 + 40, 8, 99, 120, 7, 64, 3, 11, 12, 13, 14, 15, 16, 17, 18]

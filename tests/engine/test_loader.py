@@ -14,13 +14,13 @@ import torch
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
-from config import ModelConfig, load_preset
-from engine.loader import Checkpoint, CheckpointError, default_model_path, load_checkpoint
-from engine.loader import load as load_module
-from engine.loader.cache import content_key
-from engine.loader.dequant import dequantize
-from engine.loader.gguf_reader import read_gguf
-from engine.loader.names import expected_shapes
+from tessel.config import ModelConfig, load_preset
+from tessel.engine.loader import Checkpoint, CheckpointError, default_model_path, load_checkpoint
+from tessel.engine.loader import load as load_module
+from tessel.engine.loader.cache import content_key
+from tessel.engine.loader.dequant import dequantize
+from tessel.engine.loader.gguf_reader import read_gguf
+from tessel.engine.loader.names import expected_shapes
 from tests.checkpoints import write_tiny_checkpoint, write_tiny_gguf
 
 HF_KEYS = (
@@ -99,7 +99,7 @@ def test_interrupted_conversion_leaves_no_cache(
     def die(*args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("engine.loader.gguf_checkpoint.write_safetensors", die)
+    monkeypatch.setattr("tessel.engine.loader.gguf_checkpoint.write_safetensors", die)
     with pytest.raises(KeyboardInterrupt):
         load_checkpoint(ModelConfig(model=str(path), cache_dir=str(cache)))
     assert list(cache.iterdir()) == []

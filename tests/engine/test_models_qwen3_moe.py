@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 
-from engine import LLM, SamplingParams
+from tessel.engine import LLM, SamplingParams
 from tests.checkpoints import tiny_tokenizer, write_tiny_checkpoint
 
 PROMPTS = ["The capital of France is", "Hi", "1, 2, 3, 4,", "def fibonacci(n):"]

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from engine.output_processor import CompletionAccumulator, OutputProcessor
-from engine.request import CompletionOutput, Logprob, Request
-from engine.sampling_params import SamplingParams
-from engine.stop_strings import find_stop_string, partial_stop_length
+from tessel.engine.output_processor import CompletionAccumulator, OutputProcessor
+from tessel.engine.request import CompletionOutput, Logprob, Request
+from tessel.engine.sampling_params import SamplingParams
+from tessel.engine.stop_strings import find_stop_string, partial_stop_length
 from tests.engine.tiny_tokenizer import CORPUS, STOP, tiny_tokenizer
 
 TOK = tiny_tokenizer()

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
-from engine.request import Request
-from engine.runner.buffers import DoubleBuffer, input_specs
-from engine.runner.step_inputs import PLACEHOLDER, prepare_step
-from engine.scheduler.output import ScheduledRequest
-from kernels.attention.decode_plan import DecodeConfig, StaticDecodePlan
-from kernels.attention.plan import plan_decode_tiles
+from tessel.engine import LLM, SamplingParams
+from tessel.engine.request import Request
+from tessel.engine.runner.buffers import DoubleBuffer, input_specs
+from tessel.engine.runner.step_inputs import PLACEHOLDER, prepare_step
+from tessel.engine.scheduler.output import ScheduledRequest
+from tessel.kernels.attention.decode_plan import DecodeConfig, StaticDecodePlan
+from tessel.kernels.attention.plan import plan_decode_tiles
 from tests.checkpoints import write_tiny_checkpoint
 
 CPU = torch.device("cpu")
@@ -113,7 +113,7 @@ def test_abort_while_a_step_is_in_flight(tiny_dir: Path) -> None:
 
 
 def _scheduled(prompt: list[int], outputs: list[int], start: int, n: int, blocks: list[int]) -> ScheduledRequest:
-    from engine.sampling_params import SamplingParams as SP
+    from tessel.engine.sampling_params import SamplingParams as SP
 
     r = Request(f"r{len(prompt)}-{start}", list(prompt), SP(max_tokens=8), max_tokens=8)
     r.output_token_ids = list(outputs)

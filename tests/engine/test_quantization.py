@@ -10,13 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from config import ModelConfig
-from config.quantization import QUANTIZED_LAYERS, UNQUANTIZED_LAYERS
-from engine import LLM, SamplingParams
-from engine.loader import CheckpointError
-from engine.models.layers.quantization.calibration import prefill_hidden
-from engine.models.layers.quantization.smoothquant import smooth_model
-from kernels.quant import reference as quant_reference
+from tessel.config import ModelConfig
+from tessel.config.quantization import QUANTIZED_LAYERS, UNQUANTIZED_LAYERS
+from tessel.engine import LLM, SamplingParams
+from tessel.engine.loader import CheckpointError
+from tessel.engine.models.layers.quantization.calibration import prefill_hidden
+from tessel.engine.models.layers.quantization.smoothquant import smooth_model
+from tessel.kernels.quant import reference as quant_reference
 from tests.checkpoints import write_tiny_checkpoint
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)

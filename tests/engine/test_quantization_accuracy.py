@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import LLM, SamplingParams
-from engine.models.layers.quantization import config as quant_config
+from tessel.engine import LLM, SamplingParams
+from tessel.engine.models.layers.quantization import config as quant_config
 
 TEXT = (Path(__file__).parents[1] / "data" / "public_domain.txt").read_text()
 SCORE = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 import torch
 
-from engine.request import Request
-from engine.sampler import Sampler, apply_top_k_top_p, process_logits, truncate
-from engine.sampling_metadata import SamplingMetadata, TruncationTensors, check_token_ids
-from engine.sampling_params import SamplingParams, SamplingParamsError
+from tessel.engine.request import Request
+from tessel.engine.sampler import Sampler, apply_top_k_top_p, process_logits, truncate
+from tessel.engine.sampling_metadata import SamplingMetadata, TruncationTensors, check_token_ids
+from tessel.engine.sampling_params import SamplingParams, SamplingParamsError
 
 V = 8
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.request import RequestStatus
-from engine.scheduler.output import SchedulerOutput
+from tessel.engine.request import RequestStatus
+from tessel.engine.scheduler.output import SchedulerOutput
 from tests.factories import (
     FakeModel,
     assert_all_free,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.request import Request, RequestStatus
+from tessel.engine.request import Request, RequestStatus
 from tests.factories import (
     FakeModel,
     assert_all_free,

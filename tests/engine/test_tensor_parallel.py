@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import LLM, SamplingParams
+from tessel.engine import LLM, SamplingParams
 from tests.checkpoints import write_tiny_checkpoint
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)

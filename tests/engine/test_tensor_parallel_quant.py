@@ -20,13 +20,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from config.model_arch import ModelArch
-from engine import LLM, SamplingParams
-from engine.distributed.group import init_group
-from engine.llm import engine_config_from_kwargs
-from engine.loader import load_checkpoint
-from engine.models.layers.linear import ColumnParallelLinear, RowParallelLinear
-from engine.shard_setup import build_shard
+from tessel.config.model_arch import ModelArch
+from tessel.engine import LLM, SamplingParams
+from tessel.engine.distributed.group import init_group
+from tessel.engine.llm import engine_config_from_kwargs
+from tessel.engine.loader import load_checkpoint
+from tessel.engine.models.layers.linear import ColumnParallelLinear, RowParallelLinear
+from tessel.engine.shard_setup import build_shard
 from tests.checkpoints import write_tiny_checkpoint
 from tests.engine.test_tensor_parallel import ENGINE, PROMPTS, run
 

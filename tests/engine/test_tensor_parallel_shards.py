@@ -14,11 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from config import load_preset
-from config.model_arch import ModelArch
-from engine.loader.hf import load_hf_checkpoint
-from engine.models.layers.parallel import ParallelRank, check_tensor_parallel, tensor_parallel_sizes
-from engine.models.registry import build_model
+from tessel.config import load_preset
+from tessel.config.model_arch import ModelArch
+from tessel.engine.loader.hf import load_hf_checkpoint
+from tessel.engine.models.layers.parallel import (
+    ParallelRank,
+    check_tensor_parallel,
+    tensor_parallel_sizes,
+)
+from tessel.engine.models.registry import build_model
 from tests.checkpoints import write_tiny_checkpoint
 from tests.engine.test_loader import reference_state_dict
 

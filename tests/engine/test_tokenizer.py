@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from engine.loader import default_model_path
-from engine.loader.gguf_reader import read_gguf
-from engine.tokenizer import load_tokenizer, tokenizer_from_gguf_metadata
+from tessel.engine.loader import default_model_path
+from tessel.engine.loader.gguf_reader import read_gguf
+from tessel.engine.tokenizer import load_tokenizer, tokenizer_from_gguf_metadata
 from tests.checkpoints import CHAT_TEMPLATE, tiny_tokenizer, write_tiny_checkpoint, write_tiny_gguf
 
 TEXTS = [

@@ -16,11 +16,11 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 
-from engine import LLM, SamplingParams  # noqa: E402
-from engine.loader import CheckpointError, default_model_path  # noqa: E402
-from engine.models.layers.quantization.calibration import prefill_hidden  # noqa: E402
-from kernels.quant import reference as quant_reference  # noqa: E402
-from kernels.quant.types import FP8_DTYPE  # noqa: E402
+from tessel.engine import LLM, SamplingParams  # noqa: E402
+from tessel.engine.loader import CheckpointError, default_model_path  # noqa: E402
+from tessel.engine.models.layers.quantization.calibration import prefill_hidden  # noqa: E402
+from tessel.kernels.quant import reference as quant_reference  # noqa: E402
+from tessel.kernels.quant.types import FP8_DTYPE  # noqa: E402
 from tests.checkpoints import write_tiny_checkpoint  # noqa: E402
 
 PROMPT = list(range(3, 120))

@@ -17,7 +17,7 @@ pytestmark = [
     pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"),
 ]
 
-from engine import LLM, SamplingParams  # noqa: E402
+from tessel.engine import LLM, SamplingParams  # noqa: E402
 from tests.checkpoints import write_tiny_checkpoint  # noqa: E402
 
 PROMPTS = [[5, 17, 33, 90, 41, 7], [100, 3], list(range(3, 120)), [250, 251, 252, 9, 9, 9, 9], [42], list(range(7, 40))]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.attention.metadata import AttentionMetadata
+from tessel.kernels.attention.metadata import AttentionMetadata
 
 
 def make_batch(

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference
-from kernels.attention.decode import DecodeConfig, build_decode_plan, paged_decode
-from kernels.attention.paged import paged_attention
-from kernels.attention.prefill import paged_prefill
+from tessel.kernels import reference
+from tessel.kernels.attention.decode import DecodeConfig, build_decode_plan, paged_decode
+from tessel.kernels.attention.paged import paged_attention
+from tessel.kernels.attention.prefill import paged_prefill
 from tests.kernels.factories import make_batch
 
 # (num_q_heads, num_kv_heads, head_dim)
@@ -110,7 +110,7 @@ def test_merge_combines_many_partials(device: str, counts: list[int]) -> None:
     merge must leave alone; against the log-sum-exp combination in float64."""
     import numpy as np
 
-    from kernels.attention.merge import merge_partials
+    from tessel.kernels.attention.merge import merge_partials
 
     hq, d, batch = 4, 64, len(counts)
     first = np.concatenate([[0], np.cumsum(counts)[:-1]])

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_attention, cpu_linear, cpu_native, dispatch, reference
-from kernels.attention.metadata import AttentionMetadata
+from tessel.kernels import cpu_attention, cpu_linear, cpu_native, dispatch, reference
+from tessel.kernels.attention.metadata import AttentionMetadata
 from tests.kernels.factories import make_batch
 
 HEADS = [(2, 2, 64), (8, 2, 128), (8, 1, 64), (9, 3, 64)]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference
-from kernels.activation import silu_and_mul
-from kernels.kv_store import store_kv
-from kernels.norm import fused_add_rms_norm, rms_norm
-from kernels.rope import apply_rope
+from tessel.kernels import reference
+from tessel.kernels.activation import silu_and_mul
+from tessel.kernels.kv_store import store_kv
+from tessel.kernels.norm import fused_add_rms_norm, rms_norm
+from tessel.kernels.rope import apply_rope
 
 
 def _dtypes(device: str) -> list[torch.dtype]:

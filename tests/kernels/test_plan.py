@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels.attention.plan import TilePlan, default_num_buckets, plan_decode_tiles
+from tessel.kernels.attention.plan import TilePlan, default_num_buckets, plan_decode_tiles
 
 
 def assert_covers_exactly(plan: TilePlan, lens: np.ndarray, tile_size: int | None) -> None:

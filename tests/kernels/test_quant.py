@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.quant import act_quant, gemm, gemm_configs
-from kernels.quant import reference as ref
-from kernels.quant.types import FP8_DTYPE, QuantizedTensor
+from tessel.kernels.quant import act_quant, gemm, gemm_configs
+from tessel.kernels.quant import reference as ref
+from tessel.kernels.quant.types import FP8_DTYPE, QuantizedTensor
 from tests.kernels.conftest import INTERPRETED
 
 SHAPES = [(1, 48, 64), (5, 100, 200), (33, 72, 1100)]  # (M, N, K)

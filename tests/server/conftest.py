@@ -16,9 +16,9 @@ import pytest
 import pytest_asyncio
 from fastapi import FastAPI
 
-from engine import AsyncEngine, SamplingParams
-from server.app import build_app
-from server.settings import ServerSettings
+from tessel.engine import AsyncEngine, SamplingParams
+from tessel.server.app import build_app
+from tessel.server.settings import ServerSettings
 
 # Small enough to load fast and to see a leaked block: 128 blocks of 16 tokens.
 ENGINE_SETTINGS = {"max_model_len": 512, "num_blocks": 128, "max_num_seqs": 16}

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from engine import AsyncEngine, SamplingParams
+from tessel.engine import AsyncEngine, SamplingParams
 from tests.server.conftest import ENGINE_SETTINGS, engine_text, serving, wait_until_idle
 from tests.server.test_errors import assert_error
 

@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import pytest
 
-from engine import AsyncEngine, SamplingParams
+from tessel.engine import AsyncEngine, SamplingParams
 from tests.server.conftest import engine_text
 from tests.server.test_completions import sse_chunks
 

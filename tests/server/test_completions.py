@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from engine import AsyncEngine, SamplingParams
+from tessel.engine import AsyncEngine, SamplingParams
 from tests.server.conftest import engine_text
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

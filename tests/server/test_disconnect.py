@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 
-from engine import AsyncEngine
+from tessel.engine import AsyncEngine
 from tests.server.conftest import serving, wait_until_idle
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

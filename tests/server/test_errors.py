@@ -10,9 +10,9 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from engine import AsyncEngine
-from server.app import build_app
-from server.settings import ServerSettings
+from tessel.engine import AsyncEngine
+from tessel.server.app import build_app
+from tessel.server.settings import ServerSettings
 from tests.server.conftest import ENGINE_SETTINGS, serving, wait_until_idle
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

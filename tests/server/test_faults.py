@@ -16,7 +16,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from engine import AsyncEngine, SamplingParams
+from tessel.engine import AsyncEngine, SamplingParams
 from tests.server.conftest import engine_text, serving, wait_until_idle
 from tests.server.test_completions import sse_chunks
 from tests.server.test_disconnect import finished_count

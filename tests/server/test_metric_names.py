@@ -12,7 +12,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine import AsyncEngine
+from tessel.engine import AsyncEngine
 from tests.server.conftest import wait_until_idle
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

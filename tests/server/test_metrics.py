@@ -9,7 +9,7 @@ import pytest
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine import AsyncEngine
+from tessel.engine import AsyncEngine
 from tests.promtool import needs_promtool, promtool
 from tests.server.conftest import serving, wait_until_idle
 

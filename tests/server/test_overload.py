@@ -12,7 +12,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from engine import AsyncEngine
+from tessel.engine import AsyncEngine
 from tests.server.conftest import ENGINE_SETTINGS, serving, wait_until_idle
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]

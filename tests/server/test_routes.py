@@ -8,7 +8,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from engine import AsyncEngine
+from tessel.engine import AsyncEngine
 from tests.server.conftest import serving
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

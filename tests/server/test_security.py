@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 
-from engine import AsyncEngine
-from server import auth
-from server.request_log import install_request_ids
+from tessel.engine import AsyncEngine
+from tessel.server import auth
+from tessel.server.request_log import install_request_ids
 from tests.server.conftest import serving, wait_until_idle
 from tests.server.test_errors import assert_error
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from config import CacheConfig, SchedulerConfig
-from server.cli import build_parser, settings_from_args
-from server.settings import ServerSettings, field_help
+from tessel.config import CacheConfig, SchedulerConfig
+from tessel.server.cli import build_parser, settings_from_args
+from tessel.server.settings import ServerSettings, field_help
 
 
 def parse(*argv: str) -> ServerSettings:

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from engine import AsyncEngine
+from tessel.engine import AsyncEngine
 from tests.server.conftest import serving, wait_until_idle
 from tests.server.test_metrics import scrape, value
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine import AsyncEngine
-from server.app import build_app
-from server.settings import ServerSettings
+from tessel.engine import AsyncEngine
+from tessel.server.app import build_app
+from tessel.server.settings import ServerSettings
 from tests.checkpoints import write_tiny_checkpoint
 from tests.server.conftest import serving
 

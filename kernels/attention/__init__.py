@@ -1,3 +1,0 @@
-from kernels.attention.metadata import AttentionMetadata
-
-__all__ = ["AttentionMetadata"]

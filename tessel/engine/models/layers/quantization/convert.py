@@ -1,0 +1,40 @@
+"""``quantize_model``: after the checkpoint is loaded, turn the float linear layers W8A8."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from tessel.engine.models.layers.linear import ColumnParallelLinear, RowParallelLinear
+from tessel.engine.models.layers.quantization.calibration import calibration_prompts
+from tessel.engine.models.layers.quantization.config import QuantConfig
+from tessel.engine.models.layers.quantization.smoothquant import smooth_model
+from tessel.engine.models.layers.quantization.w8a8 import W8A8LinearMethod
+
+log = logging.getLogger("tessel.quantization")
+
+
+@torch.inference_mode()
+def quantize_model(model: nn.Module, quant: QuantConfig, tokenizer: Any = None) -> int:
+    """Smooth (if asked), quantize each covered layer's weight per output channel, and finalize
+    checkpoint-quantized layers; returns how many layers are W8A8. Frees the float weights."""
+    if quant.smoothquant_alpha is not None:
+        if tokenizer is None:
+            raise ValueError("smoothquant_alpha needs a tokenizer to encode its calibration prompts; this model has none")
+        prompts = [tokenizer.encode(p) for p in calibration_prompts(quant.calibration_path)]
+        smooth_model(model, prompts, quant.smoothquant_alpha)
+        log.info("SmoothQuant alpha=%.2f calibrated on %d prompts", quant.smoothquant_alpha, len(prompts))
+    count = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, ColumnParallelLinear | RowParallelLinear) or not quant.is_quantized(name):
+            continue
+        if not isinstance(module.method, W8A8LinearMethod):
+            module.method = W8A8LinearMethod(quant.qdtype, from_checkpoint=False)
+        module.method.process_weights_after_loading(module)
+        count += 1
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the float weights' memory goes back to the KV-cache budget
+    return count

@@ -1,0 +1,183 @@
+"""Batched sampling: logits processors, greedy/random choice with per-request seeds, logprobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tessel.engine.request import Logprob
+from tessel.engine.sampling_metadata import (
+    PenaltyTensors,
+    SamplingMetadata,
+    TokenEdits,
+    TruncationTensors,
+)
+
+# Smallest exponential draw we divide by; a draw of exactly 0 would turn a zero-probability
+# token's 0/0 into NaN, which argmax would pick.
+_MIN_EXPONENTIAL = 1e-20
+# Up to this k, top-k by torch.topk beats a full sort of the vocabulary.
+_TOPK_FAST_MAX = 1024
+
+
+@dataclass
+class SamplerOutput:
+    """What one step sampled, already on the host."""
+
+    token_ids: list[int]  # one per row
+    logprobs: list[Logprob | None] | None  # per row; None for rows that did not ask, or all
+
+
+class Sampler:
+    """Turns a step's logits into token ids; keeps one torch.Generator per seeded request."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self._seed = seed
+        self._shared: dict[torch.device, torch.Generator] = {}
+        self._seeded: dict[str, torch.Generator] = {}
+
+    def forget(self, request_id: str) -> None:
+        """Drop a finished request's generator."""
+        self._seeded.pop(request_id, None)
+
+    def sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
+        """Choose one token per row of ``logits`` [B, V] float32 (modified in place); one host sync."""
+        tokens, raw_logprobs = self.sample_on_device(logits, meta)
+        return self.to_host(tokens, raw_logprobs, meta)
+
+    def sample_on_device(
+        self, logits: torch.Tensor, meta: SamplingMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``sample`` without the host sync: token ids [B] and raw logprobs stay on the device."""
+        raw_logprobs = None
+        if meta.max_num_logprobs is not None:
+            raw_logprobs = torch.log_softmax(logits, dim=-1)  # vLLM v1 default: before processing
+        logits = process_logits(logits, meta)
+        tokens = logits.argmax(dim=-1)  # greedy rows: argmax of the processed logits
+        if not meta.all_greedy:
+            sampled = self._draw(random_logits(logits, meta), meta)
+            tokens = torch.where(meta.greedy, tokens, sampled)
+        return tokens, raw_logprobs
+
+    def _draw(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """Exponential race, argmax(p / E) with E ~ Exp(1): a seeded row reads only its own stream."""
+        probs = torch.softmax(logits, dim=-1)
+        noise = torch.empty_like(probs).exponential_(generator=self._shared_generator(probs.device))
+        for row, seed in enumerate(meta.seeds):
+            if seed is not None:
+                noise[row].exponential_(
+                    generator=self._row_generator(meta.request_ids[row], seed, probs.device)
+                )
+        return (probs / noise.clamp_min_(_MIN_EXPONENTIAL)).argmax(dim=-1)
+
+    def _shared_generator(self, device: torch.device) -> torch.Generator:
+        if device not in self._shared:
+            self._shared[device] = torch.Generator(device=device).manual_seed(self._seed)
+        return self._shared[device]
+
+    def _row_generator(self, request_id: str, seed: int, device: torch.device) -> torch.Generator:
+        if request_id not in self._seeded:
+            self._seeded[request_id] = torch.Generator(device=device).manual_seed(seed)
+        return self._seeded[request_id]
+
+    @staticmethod
+    def to_host(
+        tokens: torch.Tensor, raw_logprobs: torch.Tensor | None, meta: SamplingMetadata
+    ) -> SamplerOutput:
+        if raw_logprobs is None or meta.max_num_logprobs is None:
+            return SamplerOutput(token_ids=tokens.tolist(), logprobs=None)
+        chosen = raw_logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+        top_values, top_ids = raw_logprobs.topk(meta.max_num_logprobs, dim=-1)  # sorted, best first
+        # One transfer: ids are exact in float64 (vocabularies are far below 2**53).
+        packed = torch.cat(
+            [
+                tokens.unsqueeze(1).double(),
+                chosen.unsqueeze(1).double(),
+                top_ids.double(),
+                top_values.double(),
+            ],
+            dim=1,
+        ).tolist()
+        k = meta.max_num_logprobs
+        token_ids: list[int] = []
+        logprobs: list[Logprob | None] = []
+        for row, n in zip(packed, meta.num_logprobs, strict=True):
+            token_ids.append(int(row[0]))
+            if n is None:
+                logprobs.append(None)
+                continue
+            top = [(int(t), v) for t, v in zip(row[2 : 2 + n], row[2 + k : 2 + k + n], strict=True)]
+            logprobs.append(Logprob(token_id=int(row[0]), logprob=row[1], top=top))
+        return SamplerOutput(token_ids=token_ids, logprobs=logprobs)
+
+
+def process_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """Apply, in place and in this order: logit_bias, min_tokens bans, penalties."""
+    if meta.logit_bias is not None:
+        bias: TokenEdits = meta.logit_bias
+        logits.index_put_((bias.rows, bias.token_ids), bias.values, accumulate=True)
+    if meta.banned is not None:
+        logits[meta.banned.rows, meta.banned.token_ids] = float("-inf")
+    if meta.penalties is not None:
+        logits[meta.penalties.rows] = apply_penalties(logits[meta.penalties.rows], meta.penalties)
+    return logits
+
+
+def apply_penalties(logits: torch.Tensor, pen: PenaltyTensors) -> torch.Tensor:
+    """Repetition (HF: divide positive, multiply negative logits of seen tokens), then
+    OpenAI presence and frequency penalties over output tokens. ``logits`` holds pen.rows only."""
+    if pen.repetition is not None and pen.prompt_mask is not None:
+        seen = pen.prompt_mask | (pen.output_counts > 0)
+        factor = pen.repetition.unsqueeze(1)
+        penalized = torch.where(logits > 0, logits / factor, logits * factor)
+        logits = torch.where(seen, penalized, logits)
+    counts = pen.output_counts
+    return (
+        logits
+        - pen.frequency.unsqueeze(1) * counts
+        - pen.presence.unsqueeze(1) * (counts > 0).to(logits.dtype)
+    )
+
+
+def random_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """Temperature, then top-k, top-p and min-p as -inf masks; rows are independent."""
+    if meta.temperature is not None:
+        logits = logits / meta.temperature.unsqueeze(1)
+    if meta.truncation is not None:
+        rows = meta.truncation.rows
+        logits[rows] = truncate(logits[rows], meta.truncation)
+    if meta.min_p is not None:
+        probs = torch.softmax(logits, dim=-1)
+        threshold = meta.min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
+        logits = logits.masked_fill(probs < threshold, float("-inf"))
+    return logits
+
+
+def truncate(logits: torch.Tensor, trunc: TruncationTensors) -> torch.Tensor:
+    """top-k / top-p for ``trunc.rows``: a small top-k alone needs no full sort."""
+    if trunc.top_p is None and trunc.top_k is not None and trunc.max_top_k <= _TOPK_FAST_MAX:
+        best = logits.topk(trunc.max_top_k, dim=-1).values  # sorted, largest first
+        kth = best.gather(1, (trunc.top_k - 1).unsqueeze(1))
+        return logits.masked_fill(logits < kth, float("-inf"))
+    return apply_top_k_top_p(logits, trunc.top_k, trunc.top_p)
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> torch.Tensor:
+    """Keep the k largest logits (ties at the k-th kept) and the minimal nucleus of mass >= p."""
+    if top_k is None and top_p is None:
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    if top_k is not None:
+        kth = sorted_logits.gather(1, (logits.shape[1] - top_k).unsqueeze(1))
+        sorted_logits.masked_fill_(sorted_logits < kth, float("-inf"))
+    if top_p is not None:
+        # Ascending cumulative mass: drop a token while the mass up to it is <= 1 - p,
+        # which leaves the smallest set of largest tokens whose mass reaches p.
+        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        drop = cumulative <= (1 - top_p).unsqueeze(1)
+        drop[:, -1] = False  # always keep the best token
+        sorted_logits.masked_fill_(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)

@@ -1,0 +1,3 @@
+from tessel.kernels.attention.metadata import AttentionMetadata
+
+__all__ = ["AttentionMetadata"]

@@ -1,0 +1,162 @@
+"""W8A8 GEMM: ``(a @ b.T) * a_scale * b_scale + bias`` in one kernel, int8 or fp8 inputs.
+
+a: [M, K] activations quantized per token, b: [N, K] weights quantized per output channel
+(the nn.Linear layout, so both operands are K-contiguous, as int8/fp8 tensor cores want).
+int8 accumulates in int32 (exact), fp8 in fp32; the epilogue applies both scales and the bias
+in fp32 and casts to the output dtype, so the int32/fp32 tile never reaches memory.
+
+On Hopper, fp8 wgmma adds into its accumulator with reduced precision (about 14 bits), which
+over a K of 14336 costs ~1% of the output; the sums are promoted into a full fp32 accumulator
+every ``FP8_PROMOTE_K`` elements of K (DeepGEMM's choice of 128), for a few percent of speed.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tessel.kernels.checks import FLOAT_DTYPES, check_shape, check_tensor
+from tessel.kernels.quant import gemm_configs
+from tessel.kernels.quant.types import FP8_DTYPE
+
+FP8_PROMOTE_K: int | None = 128  # None: the backend's default (no promotion on Hopper)
+
+
+# M varies every step: not specialised on, so one compile serves every batch size.
+@triton.jit(do_not_specialize=["M", "M_BUCKET"])
+def _scaled_mm_kernel(
+    a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr,
+    M, N, K, stride_am, stride_bn, stride_cm,
+    M_BUCKET,  # keys the autotuner (see gemm_configs); unused in the body, not a constexpr so
+    # buckets sharing a tile config share its compiled kernel
+    ACC_DTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, RAW_ACC: tl.constexpr, EVEN_K: tl.constexpr,
+    IMPRECISE_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    # Grouped order: GROUP_M row tiles in a row walk the same column tiles of b while in L2.
+    width = GROUP_M * grid_n
+    first_m = (pid // width) * GROUP_M
+    size_m = min(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = offs_m % M  # rows/columns past the edge re-read valid ones; the store masks them
+    rn = offs_n % N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rm[:, None].to(tl.int64) * stride_am + offs_k[None, :]
+    b_ptrs = b_ptr + rn[None, :].to(tl.int64) * stride_bn + offs_k[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC_DTYPE)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < left, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < left, other=0.0)
+        acc = tl.dot(a, b, acc, out_dtype=ACC_DTYPE, max_num_imprecise_acc=IMPRECISE_K)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+
+    c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :]
+    c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if RAW_ACC:
+        tl.store(c_ptrs, acc, mask=c_mask)
+    else:
+        out = acc.to(tl.float32) * tl.load(a_scale_ptr + rm)[:, None] * tl.load(b_scale_ptr + rn)[None, :]
+        if HAS_BIAS:
+            out += tl.load(bias_ptr + rn).to(tl.float32)[None, :]
+        tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=c_mask)
+
+
+_tuned_kernel = triton.autotune(
+    configs=gemm_configs.tuned_configs(),
+    key=["M_BUCKET", "N", "K"],
+    prune_configs_by={"early_config_prune": gemm_configs.prune_by_bucket},
+    **gemm_configs.autotune_kwargs(),
+)(triton.heuristics({
+    "EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0,
+    "IMPRECISE_K": lambda args: _imprecise_k(args["a_ptr"].dtype, args["BLOCK_K"]),
+})(_scaled_mm_kernel))
+
+
+def _imprecise_k(dtype: torch.dtype, block_k: int) -> int | None:
+    """tl.dot's max_num_imprecise_acc: it applies to fp8 only and may not exceed the tile's K."""
+    if dtype != FP8_DTYPE or FP8_PROMOTE_K is None:
+        return None
+    return min(FP8_PROMOTE_K, block_k)
+
+
+def _check(a: torch.Tensor, b: torch.Tensor) -> None:
+    check_tensor("a", a, ndim=2, dtypes=(torch.int8, FP8_DTYPE))
+    check_tensor("b", b, ndim=2, dtypes=(a.dtype,), device=a.device)
+    check_shape("b", b, (None, a.shape[1]))
+
+
+def _vector(name: str, t: torch.Tensor, n: int, device: torch.device) -> torch.Tensor:
+    if t.numel() != n or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous tensor of {n} values, got shape {tuple(t.shape)}")
+    check_tensor(name, t, dtypes=(torch.float32,), device=device)
+    return t.reshape(-1)
+
+
+def _launch(a, b, c, a_scale, b_scale, bias, raw: bool, config: triton.Config | None) -> None:  # type: ignore[no-untyped-def]
+    m, k = a.shape
+    n = b.shape[0]
+    if m == 0:
+        return
+    meta = dict(
+        M_BUCKET=gemm_configs.m_bucket(m), ACC_DTYPE=tl.int32 if a.dtype == torch.int8 else tl.float32,
+        HAS_BIAS=bias is not None, RAW_ACC=raw,
+    )
+    args = (a, b, c, a_scale, b_scale, bias if bias is not None else b_scale, m, n, k,
+            a.stride(0), b.stride(0), c.stride(0))
+    if config is None:
+        grid = lambda cfg: (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)  # noqa: E731
+        _tuned_kernel[grid](*args, **meta)
+        return
+    kw = config.kwargs
+    grid1 = (triton.cdiv(m, kw["BLOCK_M"]) * triton.cdiv(n, kw["BLOCK_N"]),)
+    _scaled_mm_kernel[grid1](*args, **meta, **kw, EVEN_K=k % kw["BLOCK_K"] == 0,
+                             IMPRECISE_K=_imprecise_k(a.dtype, kw["BLOCK_K"]),
+                             num_warps=config.num_warps, num_stages=config.num_stages)
+
+
+def scaled_mm(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    b: torch.Tensor,
+    b_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    config: triton.Config | None = None,
+) -> torch.Tensor:
+    """[M, N] in ``out_dtype``; ``config`` pins one tile config instead of autotuning (tests)."""
+    _check(a, b)
+    if out_dtype not in FLOAT_DTYPES:
+        raise ValueError(f"out_dtype must be a float dtype, got {out_dtype}")
+    a_scale = _vector("a_scale", a_scale, a.shape[0], a.device)
+    b_scale = _vector("b_scale", b_scale, b.shape[0], a.device)
+    if bias is not None:
+        check_tensor("bias", bias, ndim=1, dtypes=FLOAT_DTYPES, device=a.device)
+        check_shape("bias", bias, (b.shape[0],))
+    c = torch.empty(a.shape[0], b.shape[0], dtype=out_dtype, device=a.device)
+    _launch(a, b, c, a_scale, b_scale, bias, False, config)
+    return c
+
+
+def int8_mm(a: torch.Tensor, b: torch.Tensor, config: triton.Config | None = None) -> torch.Tensor:
+    """``a @ b.T`` in int32 for int8 a [M, K], b [N, K]: the same kernel, its accumulator stored raw."""
+    _check(a, b)
+    if a.dtype != torch.int8:
+        raise ValueError(f"int8_mm takes int8 inputs, got {a.dtype}")
+    c = torch.empty(a.shape[0], b.shape[0], dtype=torch.int32, device=a.device)
+    dummy = torch.ones(max(a.shape[0], b.shape[0]), dtype=torch.float32, device=a.device)
+    _launch(a, b, c, dummy, dummy, None, True, config)
+    return c

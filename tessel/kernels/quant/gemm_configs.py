@@ -1,0 +1,82 @@
+"""Tile configs for the W8A8 GEMMs: one set for decode-sized M, one for prefill-sized M.
+
+The autotuner keys on ``m_bucket(M)`` rather than M, so a new batch size reuses its bucket's
+choice instead of re-tuning mid-serving. Decode (M <= 64) is bound by reading the weight once:
+its tiles are M-high and narrow in N so every SM streams a slice of it. Prefill (M >= 128) is
+compute-bound: wide tiles, deep K steps for the int8/fp8 tensor cores.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import triton
+
+from tessel.kernels.attention.decode import autotune_enabled
+
+M_BUCKETS = (16, 32, 64, 128, 256, 512)
+SMALL_M = 64  # buckets up to here use the decode configs
+
+# (BLOCK_N, BLOCK_K, num_warps, num_stages); BLOCK_M is the bucket itself
+# Six of each: every config is a compile (~1 s) per dtype, paid once per process at start-up.
+_DECODE = [(16, 256, 4, 4), (32, 256, 4, 4), (64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 3), (128, 128, 8, 4)]
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
+_PREFILL = [(128, 128, 128, 8, 3), (128, 256, 128, 8, 3), (256, 128, 128, 8, 3), (128, 128, 128, 4, 4),
+            (64, 128, 128, 4, 4), (128, 64, 128, 4, 4)]
+DEFAULT = (32, 32, 64, 4, 2)  # untuned (tests, interpreter): (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
+
+
+def m_bucket(m: int) -> int:
+    """The smallest bucket >= m (the largest past 512)."""
+    return next((b for b in M_BUCKETS if m <= b), M_BUCKETS[-1])
+
+
+def _config(bm: int, bn: int, bk: int, warps: int, stages: int, small: bool) -> triton.Config:
+    cfg = triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
+                        num_warps=warps, num_stages=stages)
+    cfg.for_decode = small  # type: ignore[attr-defined]  # read by prune_by_bucket only
+    return cfg
+
+
+def decode_configs(bucket: int) -> list[triton.Config]:
+    return [_config(bucket, bn, bk, w, s, True) for bn, bk, w, s in _DECODE]
+
+
+def prefill_configs() -> list[triton.Config]:
+    return [_config(*shape, False) for shape in _PREFILL]
+
+
+def all_configs() -> list[triton.Config]:
+    """Everything the autotuner may pick (the GPU tests run each once)."""
+    return [c for b in M_BUCKETS if b <= SMALL_M for c in decode_configs(b)] + prefill_configs()
+
+
+def default_config() -> triton.Config:
+    return _config(*DEFAULT, False)
+
+
+def tuned_configs() -> list[triton.Config]:
+    return all_configs() if autotune_enabled() else [default_config()]
+
+
+def prune_by_bucket(configs: list[triton.Config], named_args: dict[str, Any], **kwargs: Any) -> list[triton.Config]:
+    """Keep the decode configs of this call's M bucket, or the prefill configs."""
+    bucket = {**named_args, **kwargs}["M_BUCKET"]
+    if len(configs) == 1:
+        return configs
+    if bucket <= SMALL_M:
+        return [c for c in configs if c.for_decode and c.kwargs["BLOCK_M"] == bucket]  # type: ignore[attr-defined]
+    return [c for c in configs if not c.for_decode]  # type: ignore[attr-defined]
+
+
+def _quick_bench(fn: Any, quantiles: Any = None, **_: Any) -> Any:
+    # Short runs: a server tunes ~6 buckets x its layer shapes x 6 configs at start-up.
+    return triton.testing.do_bench(fn, warmup=5, rep=20, quantiles=quantiles)
+
+
+def autotune_kwargs() -> dict[str, Any]:
+    """``do_bench`` only where this Triton's autotuner takes it."""
+    if "do_bench" in inspect.signature(triton.autotune).parameters:
+        return {"do_bench": _quick_bench}
+    return {}

@@ -1,0 +1,31 @@
+"""Every Triton op under the names ``dispatch`` uses (imported lazily, on first CUDA tensor)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from tessel.kernels.activation import silu_and_mul
+from tessel.kernels.attention import paged
+from tessel.kernels.attention.decode import DecodeConfig
+from tessel.kernels.attention.metadata import AttentionMetadata
+from tessel.kernels.kv_store import store_kv
+from tessel.kernels.norm import fused_add_rms_norm, rms_norm
+from tessel.kernels.quant.act_quant import quantize_rows, rms_norm_quant, silu_and_mul_quant
+from tessel.kernels.quant.gemm import scaled_mm
+from tessel.kernels.rope import apply_rope
+
+__all__ = [
+    "apply_rope", "fused_add_rms_norm", "paged_attention", "quantize_rows", "rms_norm", "rms_norm_quant",
+    "scaled_mm", "silu_and_mul", "silu_and_mul_quant", "store_kv",
+]
+
+# TESSEL_DECODE_SPLIT picks a comparison variant: balanced (default) | static | none.
+DECODE_CONFIG = DecodeConfig(mode=os.environ.get("TESSEL_DECODE_SPLIT", "balanced"))  # type: ignore[arg-type]
+
+
+def paged_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, md: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    return paged.paged_attention(q, k_cache, v_cache, md, scale, DECODE_CONFIG)
