@@ -64,8 +64,9 @@ def test_fused_moe_matches_reference(device: str, case: tuple[str, int, int, int
 
 
 def test_fused_moe_fp16_and_tall_tiles(device: str) -> None:
-    """fp16 inputs with fp32 accumulation; a 32-row tile config (more padding per expert)."""
+    """fp16 inputs with fp32 accumulation; int32 ids; a 32-row tile config (more padding per expert)."""
     x, w13, w2, weights, ids = _problem("uniform", 9, 32, 24, 4, 2, dtype=torch.float16, device=device)
+    ids = ids.int()
     got = triton_moe.fused_moe(x, w13, w2, weights, ids, config=MoeConfig(32, 16, 16, 1, 1))
     want = ref.fused_moe(x.float(), w13.float(), w2.float(), weights, ids)
     torch.testing.assert_close(got.float(), want, **_tol(torch.float16))

@@ -25,8 +25,11 @@ class MoeConfig:
 
 
 # (largest average rows per expert, config); the last entry covers everything above.
+# Kernel 1's BLOCK_N columns read 2 * BLOCK_N rows of w13 (gate and up), so 32 here matches
+# vLLM's 64 over the stacked 2I; at decode Qwen3-30B-A3B gets 8 tiles x 24 column blocks = 192 programs,
+# more than H200's 132 SMs. Untuned starting points: benchmarks/moe_layer.py --sweep.
 _TABLE: tuple[tuple[int, MoeConfig], ...] = (
-    (8, MoeConfig(16, 64, 128, 4, 4)),
+    (8, MoeConfig(16, 32, 128, 4, 4)),
     (32, MoeConfig(32, 64, 128, 4, 4)),
     (128, MoeConfig(64, 128, 64, 4, 3)),
     (1 << 62, MoeConfig(128, 128, 64, 8, 3)),
