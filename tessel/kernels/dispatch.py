@@ -150,4 +150,6 @@ def fused_moe(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
 ) -> torch.Tensor:
     """Routed SwiGLU experts: x [T, H], w13 [E, 2I, H], w2 [E, H, I], top-k weights/ids [T, K]."""
+    if _use_triton(x):
+        return _ops().fused_moe(x, w13, w2, topk_weights, topk_ids)
     return moe_reference.fused_moe(x, w13, w2, topk_weights, topk_ids)

@@ -11,13 +11,14 @@ from tessel.kernels.attention import paged
 from tessel.kernels.attention.decode import DecodeConfig
 from tessel.kernels.attention.metadata import AttentionMetadata
 from tessel.kernels.kv_store import store_kv
+from tessel.kernels.moe.triton_moe import fused_moe
 from tessel.kernels.norm import fused_add_rms_norm, rms_norm
 from tessel.kernels.quant.act_quant import quantize_rows, rms_norm_quant, silu_and_mul_quant
 from tessel.kernels.quant.gemm import scaled_mm
 from tessel.kernels.rope import apply_rope
 
 __all__ = [
-    "apply_rope", "fused_add_rms_norm", "paged_attention", "quantize_rows", "rms_norm", "rms_norm_quant",
+    "apply_rope", "fused_add_rms_norm", "fused_moe", "paged_attention", "quantize_rows", "rms_norm", "rms_norm_quant",
     "scaled_mm", "silu_and_mul", "silu_and_mul_quant", "store_kv",
 ]
 
