@@ -1,6 +1,6 @@
-"""Tiny real checkpoints written on the fly: a HF directory (llama / qwen2 / qwen3, single-file or
-sharded) with a byte-level BPE tokenizer and chat template, and the same model as a GGUF file
-written the way llama.cpp's converter writes it (q/k rows permuted for llama)."""
+"""Tiny real checkpoints written on the fly: a HF directory (llama / qwen2 / qwen3 / qwen3_moe /
+mixtral, single-file or sharded) with a byte-level BPE tokenizer and chat template, and the same
+model as a GGUF file written the way llama.cpp's converter writes it (q/k rows permuted for llama)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ _ARCHS = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
 }
 _GGUF_ARCH = {
     "llama": gguf.MODEL_ARCH.LLAMA,
@@ -83,6 +84,9 @@ def tiny_config(arch: str = "llama", **overrides: Any) -> Any:
     fields.update(overrides)
     if arch == "qwen3_moe":  # 8 experts of width 32, top-2, unless overridden
         fields = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, **fields}
+    if arch == "mixtral":  # 8 experts of width 32 (Mixtral's intermediate_size), top-2
+        fields = {"num_local_experts": 8, "num_experts_per_tok": 2, **fields}
+        fields["intermediate_size"] = overrides.get("intermediate_size", 32)
     return getattr(transformers, _ARCHS[arch].replace("ForCausalLM", "Config"))(**fields)
 
 

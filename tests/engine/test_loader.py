@@ -58,6 +58,16 @@ def test_hf_directory_matches_transformers(tmp_path: Path, arch: str) -> None:
     assert set(dict(ckpt.weights())) == set(expected_shapes(ckpt.hf_config))
 
 
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_moe_directory_has_the_expected_per_expert_tensors(tmp_path: Path, arch: str) -> None:
+    """transformers fuses experts in memory but saves them one tensor each, in its own spelling
+    per family: the name table must predict every name and shape it writes."""
+    ckpt = load_checkpoint(ModelConfig(model=str(write_tiny_checkpoint(tmp_path, arch))))
+    got = {name: tuple(t.shape) for name, t in ckpt.weights()}
+    assert got == expected_shapes(ckpt.hf_config)
+    assert len([n for n in got if ".experts." in n]) == 2 * 8 * 3  # layers x experts x parts
+
+
 def test_sharded_hf_directory_matches_transformers(tmp_path: Path) -> None:
     directory = write_tiny_checkpoint(tmp_path, "llama", max_shard_size="40KB")
     assert len(list(directory.glob("model-*.safetensors"))) > 1

@@ -16,7 +16,7 @@ GGUF_ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
 }
 """GGUF ``general.architecture`` -> HF ``architectures[0]``."""
-HF_ONLY_ARCHITECTURES = ("Qwen3MoeForCausalLM",)
+HF_ONLY_ARCHITECTURES = ("Qwen3MoeForCausalLM", "MixtralForCausalLM")
 """Loaded from HF directories only: GGUF stores experts stacked (``ffn_*_exps``), not mapped yet."""
 SUPPORTED_ARCHITECTURES = (*GGUF_ARCHITECTURES.values(), *HF_ONLY_ARCHITECTURES)
 
@@ -112,16 +112,27 @@ def _is_moe_layer(hf_config: dict[str, Any], layer: int) -> bool:
     return _num_experts(hf_config) > 0 and layer not in only_mlp and (layer + 1) % step == 0
 
 
+# per-expert gate / up / down names: Qwen3-MoE's, and Mixtral's (under ``block_sparse_moe``)
+_EXPERT_SPELLING = {
+    "Qwen3MoeForCausalLM": ("mlp", "gate_proj", "up_proj", "down_proj"),
+    "MixtralForCausalLM": ("block_sparse_moe", "w1", "w3", "w2"),
+}
+
+
 def _expert_shapes(hf_config: dict[str, Any], prefix: str) -> dict[str, tuple[int, ...]]:
-    """A MoE block's router and per-expert projections, as HF stores them (one tensor each)."""
-    hidden, inter = hf_config["hidden_size"], hf_config["moe_intermediate_size"]
+    """A MoE block's router and per-expert projections, as HF stores them (one tensor each;
+    transformers 5 fuses them in memory but ``save_pretrained`` writes them back this way)."""
+    arch = hf_config["architectures"][0]
+    block, gate, up, down = _EXPERT_SPELLING[arch]
+    hidden = hf_config["hidden_size"]
+    inter = hf_config["intermediate_size" if arch == "MixtralForCausalLM" else "moe_intermediate_size"]
     n = _num_experts(hf_config)
-    shapes: dict[str, tuple[int, ...]] = {f"{prefix}mlp.gate.weight": (n, hidden)}
+    shapes: dict[str, tuple[int, ...]] = {f"{prefix}{block}.gate.weight": (n, hidden)}
     for e in range(n):
-        e_prefix = f"{prefix}mlp.experts.{e}."
-        shapes[e_prefix + "gate_proj.weight"] = (inter, hidden)
-        shapes[e_prefix + "up_proj.weight"] = (inter, hidden)
-        shapes[e_prefix + "down_proj.weight"] = (hidden, inter)
+        e_prefix = f"{prefix}{block}.experts.{e}."
+        shapes[f"{e_prefix}{gate}.weight"] = (inter, hidden)
+        shapes[f"{e_prefix}{up}.weight"] = (inter, hidden)
+        shapes[f"{e_prefix}{down}.weight"] = (hidden, inter)
     return shapes
 
 

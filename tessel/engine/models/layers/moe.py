@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tessel.engine.models.layers.linear import make_param
+from tessel.engine.models.layers.linear import TensorSource, make_param, read_whole
 from tessel.engine.models.layers.parallel import SINGLE, ParallelRank
 from tessel.kernels import dispatch
 from tessel.kernels.moe.reference import route_topk
@@ -35,14 +35,14 @@ class FusedMoE(nn.Module):
         self.w13 = make_param((num_experts, 2 * self.local_inter, hidden_size), self._load_w13)
         self.w2 = make_param((num_experts, hidden_size, self.local_inter), self._load_w2)
 
-    def _load_w13(self, param: nn.Parameter, full: torch.Tensor, shard_id: str | None) -> None:
+    def _load_w13(self, param: nn.Parameter, full: TensorSource, shard_id: str | None) -> None:
         """``shard_id`` is ``"{expert}:gate"`` or ``"{expert}:up"``; ``full`` is that [I, H] matrix."""
         expert, part = _parse(shard_id)
         n = self.local_inter
         rows = full.narrow(0, self.tp.rank * n, n)
         param.data[expert].narrow(0, _W13_SHARDS.index(part) * n, n).copy_(rows)
 
-    def _load_w2(self, param: nn.Parameter, full: torch.Tensor, shard_id: str | None) -> None:
+    def _load_w2(self, param: nn.Parameter, full: TensorSource, shard_id: str | None) -> None:
         expert, _ = _parse(shard_id)
         n = self.local_inter
         param.data[expert].copy_(full.narrow(1, self.tp.rank * n, n))
@@ -65,5 +65,5 @@ def _parse(shard_id: str | None) -> tuple[int, str]:
     return int(expert), part
 
 
-def _load_replicated(param: nn.Parameter, full: torch.Tensor, shard_id: str | None) -> None:
-    param.data.copy_(full)
+def _load_replicated(param: nn.Parameter, full: TensorSource, shard_id: str | None) -> None:
+    param.data.copy_(read_whole(full))
