@@ -4,6 +4,7 @@ GGUF files written like llama.cpp writes them, the real default GGUF, random wei
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
 from tessel.config import ModelConfig, load_preset
+from tessel.config.model_arch import ModelArch
 from tessel.engine.loader import Checkpoint, CheckpointError, default_model_path, load_checkpoint
 from tessel.engine.loader import load as load_module
 from tessel.engine.loader.cache import content_key
@@ -175,6 +177,21 @@ def test_dummy_preset_has_exact_shapes_and_is_seeded() -> None:
     assert torch.equal(next(iter(again.weights()))[1], first["model.embed_tokens.weight"])
     other = load_checkpoint(ModelConfig(model="SmolLM2-135M", seed=1))
     assert not torch.equal(next(iter(other.weights()))[1], first["model.embed_tokens.weight"])
+
+
+@pytest.mark.parametrize(
+    ("name", "total", "active"), [("Qwen3-30B-A3B", 30.5e9, 3.3e9), ("Mixtral-8x7B", 46.7e9, 12.9e9)]
+)
+def test_moe_presets_have_the_published_parameter_counts(name: str, total: float, active: float) -> None:
+    """The model cards' totals (all experts) and per-token active counts (top-k of them) pin the
+    shapes: a wrong expert count, width or top-k moves one of them by far more than 2%."""
+    hf = load_preset(name)
+    arch = ModelArch.from_hf(hf)
+    sizes = {n: math.prod(s) for n, s in expected_shapes(hf).items()}
+    experts = sum(v for n, v in sizes.items() if ".experts." in n)
+    dense = sum(sizes.values()) - experts
+    assert dense + experts == pytest.approx(total, rel=0.02)
+    assert dense + experts * arch.num_experts_per_tok / arch.num_experts == pytest.approx(active, rel=0.02)
 
 
 def test_dummy_of_a_directory_keeps_its_tokenizer(tmp_path: Path) -> None:
