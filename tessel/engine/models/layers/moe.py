@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tessel.engine.models.layers.collectives import all_reduce
 from tessel.engine.models.layers.linear import TensorSource, make_param, read_whole
 from tessel.engine.models.layers.parallel import SINGLE, ParallelRank
 from tessel.kernels import dispatch
@@ -34,6 +35,9 @@ class FusedMoE(nn.Module):
         self.gate = make_param((num_experts, hidden_size), _load_replicated)
         self.w13 = make_param((num_experts, 2 * self.local_inter, hidden_size), self._load_w13)
         self.w2 = make_param((num_experts, hidden_size, self.local_inter), self._load_w2)
+        # tokens routed to each expert since the runner last read it: accumulated on the device
+        # (no host sync per layer; a fixed address, so CUDA graphs capture the update too)
+        self.register_buffer("expert_load", torch.zeros(num_experts, dtype=torch.long), persistent=False)
 
     def _load_w13(self, param: nn.Parameter, full: TensorSource, shard_id: str | None) -> None:
         """``shard_id`` is ``"{expert}:gate"`` or ``"{expert}:up"``; ``full`` is that [I, H] matrix."""
@@ -54,8 +58,13 @@ class FusedMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = dispatch.linear(x, self.gate)
         weights, ids = route_topk(logits, self.top_k, self.renormalise)
-        # a TP group would all-reduce here, as after a row-parallel down projection
-        return dispatch.fused_moe(x, self.w13, self.w2, weights, ids)
+        flat = ids.reshape(-1)
+        # index_add_, not bincount: CUDA's bincount reads the max id on the host (a sync)
+        self.expert_load.index_add_(0, flat, torch.ones_like(flat))
+        out = dispatch.fused_moe(x, self.w13, self.w2, weights, ids)
+        # each rank holds a slice of every expert's width: partial sums, as after a row-parallel
+        # down projection (every rank routed the same way: the router is replicated)
+        return all_reduce(out) if self.tp.size > 1 else out
 
 
 def _parse(shard_id: str | None) -> tuple[int, str]:
