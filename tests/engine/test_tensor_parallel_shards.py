@@ -113,3 +113,11 @@ def test_sizes_that_do_not_divide_are_refused_naming_the_allowed_ones() -> None:
     assert tensor_parallel_sizes(llama8b, up_to=32) == [1, 2, 4, 8, 16, 32]
     with pytest.raises(ValueError, match="allowed sizes: 1, 2, 4, 8"):
         check_tensor_parallel(llama8b, 3)
+
+
+def test_moe_expert_width_must_divide() -> None:
+    qwen3_moe = ModelArch.from_hf(load_preset("Qwen3-30B-A3B"))  # experts of width 768
+    assert 4 in tensor_parallel_sizes(qwen3_moe)
+    arch = qwen3_moe.model_copy(update={"moe_intermediate_size": 770})
+    with pytest.raises(ValueError, match=r"moe_intermediate_size=770 is not divisible by 4; allowed sizes: 1, 2$"):
+        check_tensor_parallel(arch, 4)
