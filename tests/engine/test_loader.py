@@ -4,7 +4,6 @@ GGUF files written like llama.cpp writes them, the real default GGUF, random wei
 from __future__ import annotations
 
 import json
-import math
 import shutil
 from pathlib import Path
 
@@ -16,7 +15,6 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
 from tessel.config import ModelConfig, load_preset
-from tessel.config.model_arch import ModelArch
 from tessel.engine.loader import Checkpoint, CheckpointError, default_model_path, load_checkpoint
 from tessel.engine.loader import load as load_module
 from tessel.engine.loader.cache import content_key
@@ -58,16 +56,6 @@ def test_hf_directory_matches_transformers(tmp_path: Path, arch: str) -> None:
     assert ckpt.served_name == f"tiny-{arch}" and ckpt.source == str(directory)
     assert ckpt.hf_config["rope_theta"] == 10000.0 and ckpt.hf_config["rope_scaling"] is None
     assert set(dict(ckpt.weights())) == set(expected_shapes(ckpt.hf_config))
-
-
-@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
-def test_moe_directory_has_the_expected_per_expert_tensors(tmp_path: Path, arch: str) -> None:
-    """transformers fuses experts in memory but saves them one tensor each, in its own spelling
-    per family: the name table must predict every name and shape it writes."""
-    ckpt = load_checkpoint(ModelConfig(model=str(write_tiny_checkpoint(tmp_path, arch))))
-    got = {name: tuple(t.shape) for name, t in ckpt.weights()}
-    assert got == expected_shapes(ckpt.hf_config)
-    assert len([n for n in got if ".experts." in n]) == 2 * 8 * 3  # layers x experts x parts
 
 
 def test_sharded_hf_directory_matches_transformers(tmp_path: Path) -> None:
@@ -177,21 +165,6 @@ def test_dummy_preset_has_exact_shapes_and_is_seeded() -> None:
     assert torch.equal(next(iter(again.weights()))[1], first["model.embed_tokens.weight"])
     other = load_checkpoint(ModelConfig(model="SmolLM2-135M", seed=1))
     assert not torch.equal(next(iter(other.weights()))[1], first["model.embed_tokens.weight"])
-
-
-@pytest.mark.parametrize(
-    ("name", "total", "active"), [("Qwen3-30B-A3B", 30.5e9, 3.3e9), ("Mixtral-8x7B", 46.7e9, 12.9e9)]
-)
-def test_moe_presets_have_the_published_parameter_counts(name: str, total: float, active: float) -> None:
-    """The model cards' totals (all experts) and per-token active counts (top-k of them) pin the
-    shapes: a wrong expert count, width or top-k moves one of them by far more than 2%."""
-    hf = load_preset(name)
-    arch = ModelArch.from_hf(hf)
-    sizes = {n: math.prod(s) for n, s in expected_shapes(hf).items()}
-    experts = sum(v for n, v in sizes.items() if ".experts." in n)
-    dense = sum(sizes.values()) - experts
-    assert dense + experts == pytest.approx(total, rel=0.02)
-    assert dense + experts * arch.num_experts_per_tok / arch.num_experts == pytest.approx(active, rel=0.02)
 
 
 def test_dummy_of_a_directory_keeps_its_tokenizer(tmp_path: Path) -> None:
