@@ -18,7 +18,7 @@ class ExpertLoadReader:
     """
 
     def __init__(self, model: nn.Module, device: torch.device, num_buffers: int = 2) -> None:
-        self.counters = [m.expert_load for m in model.modules() if isinstance(m, FusedMoE)]
+        self.counters: list[torch.Tensor] = [m.expert_load for m in model.modules() if isinstance(m, FusedMoE)]
         pinned = device.type == "cuda"
         shape = (len(self.counters), self.counters[0].numel()) if self.counters else (0, 0)
         self._host = [torch.zeros(shape, dtype=torch.long, pin_memory=pinned) for _ in range(num_buffers)]

@@ -22,6 +22,8 @@ _W13_SHARDS = ("gate", "up")
 class FusedMoE(nn.Module):
     """``num_experts`` SwiGLU experts of width ``intermediate_size``, each token sent to ``top_k``."""
 
+    expert_load: torch.Tensor  # a buffer, registered in __init__
+
     def __init__(
         self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
         renormalise: bool, tp: ParallelRank = SINGLE,
