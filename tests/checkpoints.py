@@ -1,10 +1,11 @@
-"""Tiny real checkpoints written on the fly: a HF directory (llama / qwen2 / qwen3, single-file or
-sharded) with a byte-level BPE tokenizer and chat template, and the same model as a GGUF file
-written the way llama.cpp's converter writes it (q/k rows permuted for llama)."""
+"""Tiny real checkpoints written on the fly: a HF directory (llama / qwen2 / qwen3 / qwen3_moe /
+mixtral, single-file or sharded) with a byte-level BPE tokenizer and chat template, and the same
+model as a GGUF file written the way llama.cpp's converter writes it (q/k rows permuted for llama)."""
 
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -30,12 +31,16 @@ _ARCHS = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
 }
 _GGUF_ARCH = {
     "llama": gguf.MODEL_ARCH.LLAMA,
     "qwen2": gguf.MODEL_ARCH.QWEN2,
     "qwen3": gguf.MODEL_ARCH.QWEN3,
+    "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE,
+    "mixtral": gguf.MODEL_ARCH.LLAMA,  # llama.cpp converts Mixtral as llama with experts
 }
+_PERMUTED = ("llama", "mixtral")  # convert_hf_to_gguf.py's LlamaModel permutes q/k rows
 
 
 @lru_cache(maxsize=1)
@@ -83,6 +88,9 @@ def tiny_config(arch: str = "llama", **overrides: Any) -> Any:
     fields.update(overrides)
     if arch == "qwen3_moe":  # 8 experts of width 32, top-2, unless overridden
         fields = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, **fields}
+    if arch == "mixtral":  # 8 experts of width 32 (Mixtral's intermediate_size), top-2
+        fields = {"num_local_experts": 8, "num_experts_per_tok": 2, **fields}
+        fields["intermediate_size"] = overrides.get("intermediate_size", 32)
     return getattr(transformers, _ARCHS[arch].replace("ForCausalLM", "Config"))(**fields)
 
 
@@ -111,7 +119,8 @@ def write_tiny_checkpoint(
 
 def write_tiny_gguf(hf_dir: Path, path: Path, *, add_bos_token: bool = False) -> Path:
     """Write ``hf_dir``'s model as an F32 GGUF the way convert_hf_to_gguf.py does: llama.cpp's
-    tensor names (gguf's own name map, not ours), q/k rows permuted for llama, tokenizer metadata."""
+    tensor names (gguf's own name map, not ours), q/k rows permuted for llama and Mixtral, each
+    layer's experts stacked into one [E, ...] tensor per part, tokenizer metadata."""
     from safetensors.torch import load_file
 
     config = json.loads((hf_dir / "config.json").read_text())
@@ -135,17 +144,23 @@ def write_tiny_gguf(hf_dir: Path, path: Path, *, add_bos_token: bool = False) ->
     writer.add_rope_freq_base(rope_theta)
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
+    experts = config.get("num_local_experts") or config.get("num_experts")
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        if config.get("moe_intermediate_size"):
+            writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
     _add_tokenizer(writer, hf_dir, add_bos_token)
 
     names = gguf.get_tensor_name_map(_GGUF_ARCH[arch], n_layers)
     state = {}
     for file in sorted(hf_dir.glob("*.safetensors")):
         state.update(load_file(file))
-    for name, tensor in state.items():
+    for name, tensor in _stack_experts(state).items():
         array = tensor.float().numpy()
-        if arch == "llama" and ".q_proj." in name:
+        if arch in _PERMUTED and ".q_proj." in name:
             array = _permute(array, n_heads)
-        elif arch == "llama" and ".k_proj." in name:
+        elif arch in _PERMUTED and ".k_proj." in name:
             array = _permute(array, n_kv)
         gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gguf_name is not None, name
@@ -155,6 +170,26 @@ def write_tiny_gguf(hf_dir: Path, path: Path, *, add_bos_token: bool = False) ->
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.weight$")
+
+
+def _stack_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``...experts.{e}.{part}.weight`` -> ``...experts.{part}.weight`` [E, ...], the merged name
+    the converters hand to gguf's name map."""
+    out: dict[str, torch.Tensor] = {}
+    stacks: dict[str, dict[int, torch.Tensor]] = {}
+    for name, tensor in state.items():
+        match = _EXPERT.match(name)
+        if match is None:
+            out[name] = tensor
+            continue
+        block, expert, part = match.groups()
+        stacks.setdefault(f"{block}.{part}.weight", {})[int(expert)] = tensor
+    for name, by_expert in stacks.items():
+        out[name] = torch.stack([by_expert[e] for e in range(len(by_expert))])
+    return out
 
 
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -12,6 +12,7 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM",
+    "MixtralForCausalLM",
 )
 
 
@@ -49,8 +50,9 @@ class ModelArch(BaseModel):
     """Routed experts per MoE layer; 0 for a dense model."""
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
+    """One expert's SwiGLU width (Mixtral's config calls it ``intermediate_size``)."""
     norm_topk_prob: bool = False
-    """Renormalise the top-k routing weights to sum to 1 (Qwen3-MoE's config flag)."""
+    """Renormalise the top-k routing weights to sum to 1 (Qwen3-MoE's config flag; always on for Mixtral)."""
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
     """Layers that keep a dense MLP in a MoE model."""
@@ -82,6 +84,8 @@ class ModelArch(BaseModel):
         if scaling is not None and "rope_type" not in scaling and "type" in scaling:
             scaling = {**scaling, "rope_type": scaling["type"]}
         theta = hf.get("rope_theta") or rope_params.get("rope_theta") or 10000.0
+        _refuse_shared_experts(hf)
+        mixtral = arch == "MixtralForCausalLM"
         return cls(
             architecture=arch,
             vocab_size=int(hf["vocab_size"]),
@@ -103,8 +107,22 @@ class ModelArch(BaseModel):
             # transformers 5 writes num_local_experts; Hub Qwen3-MoE configs num_experts
             num_experts=int(hf.get("num_experts") or hf.get("num_local_experts") or 0),
             num_experts_per_tok=int(hf.get("num_experts_per_tok") or 0),
-            moe_intermediate_size=int(hf.get("moe_intermediate_size") or 0),
-            norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+            moe_intermediate_size=int(
+                hf["intermediate_size"] if mixtral else hf.get("moe_intermediate_size") or 0
+            ),
+            # Mixtral's router renormalises the top-k softmax unconditionally (MixtralTopKRouter)
+            norm_topk_prob=mixtral or bool(hf.get("norm_topk_prob", False)),
             decoder_sparse_step=int(hf.get("decoder_sparse_step") or 1),
             mlp_only_layers=tuple(hf.get("mlp_only_layers") or ()),
+        )
+
+
+def _refuse_shared_experts(hf: dict[str, Any]) -> None:
+    """Qwen3-MoE and Mixtral have no shared expert; a config that asks for one (Qwen2-MoE style)
+    would load without it and generate junk, so it is refused by name."""
+    shared = hf.get("shared_expert_intermediate_size") or hf.get("n_shared_experts")
+    if shared:
+        raise ValueError(
+            f"shared experts (shared_expert_intermediate_size / n_shared_experts = {shared}) "
+            "are not supported; only routed-expert MoE models (Qwen3-MoE, Mixtral) are"
         )

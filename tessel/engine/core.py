@@ -20,7 +20,7 @@ from tessel.engine.runner.pipeline import InFlightStep, RunnerOutput
 from tessel.engine.runner.step_inputs import PLACEHOLDER
 from tessel.engine.sampling_params import SamplingParams
 from tessel.engine.scheduler.output import SchedulerOutput
-from tessel.engine.stats import EngineStats, PipelineStats
+from tessel.engine.stats import EngineStats, ExpertLoadStats, PipelineStats
 
 
 @dataclass
@@ -58,6 +58,8 @@ class EngineCore:
         self.overlap = parts.overlap_scheduling
         self._inflight: InFlightStep | None = None  # launched, results not yet read (overlap)
         self.step_stats = PipelineStats()
+        num_experts = parts.arch.num_experts
+        self.expert_stats = ExpertLoadStats(num_experts) if num_experts else None  # None: dense
         self.faults = StepFaults()  # test-only: injected step failures
         self.parallel = parts.parallel  # None at one rank
 
@@ -225,6 +227,8 @@ class EngineCore:
         """Stage 5: wait for a launched step, fill its tokens in, detokenize, check stops."""
         result = self.runner.finish(inflight)
         t0 = time.perf_counter()
+        if self.expert_stats is not None and result.expert_load is not None:
+            self.expert_stats.record(result.expert_load)
         sched = inflight.sched
         if placeholders:
             for rid, (request, index) in inflight.placeholder_at.items():
@@ -318,6 +322,7 @@ class EngineCore:
             tensor_parallel_size=self.parts.tensor_parallel_size,
             kv_cache_bytes=self.parts.kv_cache_bytes,
             **self.step_stats.snapshot(),
+            **(self.expert_stats.snapshot() if self.expert_stats is not None else {}),
         )
 
 

@@ -32,6 +32,9 @@ class EngineStats:
     decode_plan_imbalance_mean: float = 0.0  # mean over decode steps
     cuda_graph_steps_total: int = 0  # steps replayed from a CUDA graph
     wasted_tokens_total: int = 0  # tokens computed for requests that had stopped (overlap)
+    # ---- mixture of experts (empty / 0 for a dense model) ----------------------------------
+    expert_tokens_total: tuple[int, ...] = ()  # tokens routed to each expert, summed over MoE layers
+    expert_load_imbalance: float = 0.0  # last step: worst MoE layer's busiest expert / its mean (1 = even)
 
 
 class PipelineStats:
@@ -75,3 +78,30 @@ class PipelineStats:
             "cuda_graph_steps_total": self.graph_steps,
             "wasted_tokens_total": self.wasted_tokens_total,
         }
+
+
+class ExpertLoadStats:
+    """Running totals of a MoE model's routing, folded into ``EngineStats``.
+
+    Counts are summed over layers: one series per expert keeps the metric's cardinality at the
+    expert count (128 for Qwen3-30B-A3B, not 48 x 128). Imbalance is taken per layer first, then
+    the worst layer: a step waits for its slowest layer's busiest expert, and summing layers
+    first would average a hot expert in one layer against cold ones in others.
+    """
+
+    def __init__(self, num_experts: int) -> None:
+        self.tokens_total = [0] * num_experts
+        self.last_imbalance = 0.0
+
+    def record(self, per_layer: list[list[int]]) -> None:
+        """Fold one step's ``[MoE layer][expert]`` counts in."""
+        worst = 0.0
+        for counts in per_layer:
+            self.tokens_total = [t + c for t, c in zip(self.tokens_total, counts, strict=True)]
+            routed = sum(counts)
+            if routed:
+                worst = max(worst, max(counts) * len(counts) / routed)
+        self.last_imbalance = worst
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"expert_tokens_total": tuple(self.tokens_total), "expert_load_imbalance": self.last_imbalance}

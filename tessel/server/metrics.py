@@ -252,6 +252,31 @@ class EngineStatsCollector(Collector):
         for stage, seconds in sorted(stats.stage_seconds_total.items()):
             stages.add_metric([name, stage], float(seconds))
         yield stages
+        if stats.expert_tokens_total:  # a mixture-of-experts model; absent for a dense one
+            yield from _expert_metrics(stats, name)
+
+
+MOE_FAMILIES = ("tessel_moe_expert_tokens", "tessel_moe_expert_load_imbalance")
+"""Exported only by a mixture-of-experts model."""
+
+
+def _expert_metrics(stats: Any, name: str) -> Iterator[Metric]:
+    # one series per expert id: bounded by the model's expert count, summed over MoE layers
+    tokens = CounterMetricFamily(
+        MOE_FAMILIES[0],
+        "Tokens routed to each expert, summed over the MoE layers (each token counts top_k times per layer).",
+        labels=["model_name", "expert"],
+    )
+    for expert, count in enumerate(stats.expert_tokens_total):
+        tokens.add_metric([name, str(expert)], float(count))
+    yield tokens
+    imbalance = GaugeMetricFamily(
+        MOE_FAMILIES[1],
+        "Last step: the worst MoE layer's busiest expert's tokens over the mean per expert (1 = even).",
+        labels=["model_name"],
+    )
+    imbalance.add_metric([name], float(stats.expert_load_imbalance))
+    yield imbalance
 
 
 SERVER_GAUGES = (

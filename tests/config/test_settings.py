@@ -18,6 +18,7 @@ from tessel.config.model_arch import ModelArch
 
 def test_presets_cover_the_required_shapes() -> None:
     assert {"SmolLM2-135M", "Llama-3.2-1B", "Llama-3.1-8B", "Qwen3-0.6B", "Qwen3-8B"} <= set(list_presets())
+    assert {"Qwen3-30B-A3B", "Mixtral-8x7B"} <= set(list_presets())
 
 
 @pytest.mark.parametrize("name", list_presets())

@@ -4,7 +4,8 @@ Requests arrive staggered into one continuous batch, with chunked prefill, overl
 (the next step's inputs take rank 0's sampled ids, broadcast to every worker), and logprobs and
 echo scoring (logits gathered from every rank's vocabulary slice). Checkpoints: a tiny one
 whose KV heads split across 2 ranks, one with fewer KV heads than ranks (replicated), and the
-default model at 3 ranks (its 9 query heads do not divide by 2).
+default model at 3 ranks (its 9 query heads do not divide by 2); and the two MoE families, each
+expert's width split across the ranks.
 """
 
 from __future__ import annotations
@@ -64,6 +65,19 @@ def test_tp2_equals_tp1(tmp_path: Path, kv_heads: int) -> None:
     # K and V x 2 layers x 4 tokens x heads on a rank x 16 dims x 4 bytes, per block and rank
     heads_per_rank = max(1, kv_heads // 2)
     assert stats.kv_cache_bytes == 128 * (2 * 2 * 4 * heads_per_rank * 16 * 4) * 2
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_moe_tp2_equals_tp1(tmp_path: Path, arch: str) -> None:
+    """Each rank holds half of every expert's width: without the all-reduce after the experts
+    each rank would sample from half an MLP. Rank 0 alone reports the routing, as one rank does."""
+    directory = str(write_tiny_checkpoint(tmp_path, arch))
+    single = LLM(directory, **ENGINE)
+    expected = run(single, PROMPTS)
+    with LLM(directory, tensor_parallel_size=2, **ENGINE) as llm:
+        assert run(llm, PROMPTS) == expected
+        routed = llm.core.stats().expert_tokens_total
+    assert routed == single.core.stats().expert_tokens_total and sum(routed) > 0
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@
 No process group is needed: loading is local to a rank, so every rank's model is built here in
 one process and compared with slices cut from transformers' own state dict by hand (q/k/v and
 gate/up rows, o_proj/down_proj columns, vocabulary rows with zero padding, KV heads replicated
-when there are fewer than ranks). The model reads the checkpoint through lazy safetensors
+when there are fewer than ranks, each expert's width for MoE). The model reads the checkpoint through lazy safetensors
 slices, as a rank does.
 """
 
@@ -33,6 +33,8 @@ CASES = {
     "kv-replicated-4": ("llama", {"num_key_value_heads": 2}, 4),  # each KV head on two ranks
     "qkv-bias-padded-vocab": ("qwen2", {"vocab_size": 301}, 2),  # 301 rows: rank 1 pads one
     "qk-norm-tied": ("qwen3", {"tie_word_embeddings": True}, 2),
+    "moe-qwen3": ("qwen3_moe", {}, 2),  # every expert's width 32 split 16 / 16, router replicated
+    "moe-mixtral": ("mixtral", {}, 4),  # block_sparse_moe.experts.N.w1/w3/w2, width 32 in 4 parts
 }
 
 
@@ -50,6 +52,14 @@ def expected_shard(full: dict[str, torch.Tensor], name: str, cfg: dict, rank: in
         head = rank * hkv // size  # fewer heads than ranks: consecutive ranks share a head
         return t[head * d : (head + 1) * d]
 
+    if name.endswith(".mlp.w13"):  # transformers' own fused [E, 2I, H]: gate rows, then up rows
+        fused = full[name.replace(".w13", ".experts.gate_up_proj")]
+        gate, up = fused.chunk(2, dim=1)
+        return torch.cat([rows(gate.transpose(0, 1), size), rows(up.transpose(0, 1), size)]).transpose(0, 1)
+    if name.endswith(".mlp.w2"):  # [E, H, I]: this rank's columns of every expert
+        return rows(full[name.replace(".w2", ".experts.down_proj")].transpose(0, 2), size).transpose(0, 2)
+    if name.endswith(".mlp.gate"):
+        return full[name + ".weight"]
     if "qkv_proj" in name:
         q, k, v = (full[name.replace("qkv_proj", p)] for p in ("q_proj", "k_proj", "v_proj"))
         return torch.cat([rows(q, size), kv_rows(k), kv_rows(v)])
@@ -103,3 +113,11 @@ def test_sizes_that_do_not_divide_are_refused_naming_the_allowed_ones() -> None:
     assert tensor_parallel_sizes(llama8b, up_to=32) == [1, 2, 4, 8, 16, 32]
     with pytest.raises(ValueError, match="allowed sizes: 1, 2, 4, 8"):
         check_tensor_parallel(llama8b, 3)
+
+
+def test_moe_expert_width_must_divide() -> None:
+    qwen3_moe = ModelArch.from_hf(load_preset("Qwen3-30B-A3B"))  # experts of width 768
+    assert 4 in tensor_parallel_sizes(qwen3_moe)
+    arch = qwen3_moe.model_copy(update={"moe_intermediate_size": 770})
+    with pytest.raises(ValueError, match=r"moe_intermediate_size=770 is not divisible by 4; allowed sizes: 1, 2$"):
+        check_tensor_parallel(arch, 4)

@@ -18,7 +18,7 @@ from tessel.engine.loader.gguf_config import hf_config_from_gguf
 from tessel.engine.loader.gguf_reader import GgufFile, read_gguf
 from tessel.engine.loader.gguf_weights import check_gguf_tensors, iter_gguf_weights
 from tessel.engine.loader.hf import load_hf_checkpoint
-from tessel.engine.loader.names import expected_shapes, hf_name_of_gguf
+from tessel.engine.loader.names import expected_shapes, hf_tensors_of_gguf
 from tessel.engine.loader.safetensors_stream import write_safetensors
 
 logger = logging.getLogger(__name__)
@@ -83,7 +83,9 @@ def _convert(gguf: GgufFile, hf_config: dict[str, Any], tokenizer: Any, out: Pat
     write_json(out / "config.json", hf_config)
     tokenizer.save_pretrained(str(out))
     shapes = expected_shapes(hf_config)
-    hf_names = (hf_name_of_gguf(name) for name in gguf.tensors)
+    hf_names = (
+        hf for name, info in gguf.tensors.items() for hf, _ in hf_tensors_of_gguf(name, info.shape, hf_config)
+    )
     plan = {name: (shapes[name], torch.float32) for name in hf_names if name in shapes}
     stream = (item for item in iter_gguf_weights(gguf, hf_config) if item[0] in plan)
     # disable=None: a bar on a terminal, nothing in a log file or container log, where the

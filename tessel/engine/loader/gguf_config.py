@@ -9,7 +9,7 @@ import numpy as np
 
 from tessel.engine.loader.checkpoint import CheckpointError
 from tessel.engine.loader.gguf_reader import GgufFile
-from tessel.engine.loader.names import GGUF_ARCHITECTURES
+from tessel.engine.loader.names import GGUF_ARCHITECTURES, GGUF_MOE_ARCHITECTURES
 
 # The Llama-3.1/3.2 "llama3" RoPE scaling. GGUF stores only its result (the ``rope_freqs`` tensor of
 # per-frequency divisors), so we recognise it by recomputing those divisors from these parameters.
@@ -65,11 +65,45 @@ def hf_config_from_gguf(gguf: GgufFile) -> dict[str, Any]:
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
     }
+    config.update(_moe_fields(gguf, arch))
     if arch == "qwen2":
         config.pop("attention_bias")  # Qwen2's q/k/v always carry a bias; its config has no flag
     # GGUF stores float32, so 1e-5 reads back as 9.99999974e-06; 7 digits restore the decimal
     config["rms_norm_eps"] = float(f"{config['rms_norm_eps']:.7g}")
     return config
+
+
+def _moe_fields(gguf: GgufFile, arch: str) -> dict[str, Any]:
+    """Experts, top-k, expert width and router normalisation; the architecture a file with experts
+    is (a llama GGUF with experts is Mixtral). Nothing for a dense model."""
+    meta = gguf.metadata
+    experts = int(meta.get(f"{arch}.expert_count") or 0)
+    if not experts:
+        if arch == "qwen3moe":
+            raise CheckpointError(f"{gguf.path}: qwen3moe GGUF without {arch}.expert_count")
+        return {}
+    hf_arch = GGUF_ARCHITECTURES[arch] if arch == "qwen3moe" else GGUF_MOE_ARCHITECTURES.get(arch)
+    if hf_arch is None:
+        raise CheckpointError(f"{gguf.path}: a {arch} GGUF with {experts} experts is not supported")
+    if meta.get(f"{arch}.expert_shared_count"):
+        raise CheckpointError(f"{gguf.path}: shared experts ({arch}.expert_shared_count) are not supported")
+    fields: dict[str, Any] = {
+        "architectures": [hf_arch],
+        "num_experts_per_tok": int(meta[f"{arch}.expert_used_count"]),
+    }
+    if hf_arch == "MixtralForCausalLM":  # its expert width is feed_forward_length
+        return {**fields, "model_type": "mixtral", "num_local_experts": experts}
+    layers = int(meta[f"{arch}.block_count"])
+    return {
+        **fields,
+        "model_type": "qwen3_moe",
+        "num_experts": experts,
+        "moe_intermediate_size": int(meta[f"{arch}.expert_feed_forward_length"]),
+        # llama.cpp normalises Qwen3-MoE's top-k unless the file says otherwise
+        "norm_topk_prob": bool(meta.get(f"{arch}.expert_weights_norm", True)),
+        # a layer without a router keeps its dense MLP
+        "mlp_only_layers": [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in gguf.tensors],
+    }
 
 
 def _rope_scaling(gguf: GgufFile, arch: str) -> dict[str, Any] | None:

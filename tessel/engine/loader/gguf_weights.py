@@ -12,7 +12,7 @@ from tessel.engine.loader.checkpoint import CheckpointError
 from tessel.engine.loader.dequant import dequantize
 from tessel.engine.loader.gguf_config import gguf_architecture
 from tessel.engine.loader.gguf_reader import GgufFile
-from tessel.engine.loader.names import expected_shapes, hf_name_of_gguf
+from tessel.engine.loader.names import expected_shapes, hf_tensors_of_gguf
 
 # convert_hf_to_gguf.py reorders the rows of Llama/Mistral q/k projections (HF's rotate-half RoPE ->
 # GGML's interleaved RoPE); Qwen's converters do not.
@@ -21,7 +21,11 @@ _PERMUTED_ARCHS = ("llama", "mistral")
 
 def check_gguf_tensors(gguf: GgufFile, hf_config: dict[str, Any]) -> None:
     """Fail before any dequantisation if a tensor is missing or has the wrong shape."""
-    present = {hf_name_of_gguf(name): info.shape for name, info in gguf.tensors.items()}
+    present = {
+        hf: shape
+        for name, info in gguf.tensors.items()
+        for hf, shape in hf_tensors_of_gguf(name, info.shape, hf_config)
+    }
     expected = expected_shapes(hf_config)
     missing = [name for name in expected if name not in present]
     if missing:
@@ -41,10 +45,15 @@ def iter_gguf_weights(
     permuted = gguf_architecture(gguf) in _PERMUTED_ARCHS
     heads = {"q_proj": hf_config["num_attention_heads"], "k_proj": hf_config["num_key_value_heads"]}
     for info in gguf.tensors.values():
-        name = hf_name_of_gguf(info.name)
-        if name is None:  # e.g. rope_freqs, already folded into hf_config["rope_scaling"]
+        parts = hf_tensors_of_gguf(info.name, info.shape, hf_config)
+        if not parts:  # e.g. rope_freqs, already folded into hf_config["rope_scaling"]
             continue
         array = dequantize(gguf.raw(info), info.qtype).reshape(info.shape)
+        if parts[0][1] != info.shape:  # stacked experts: HF keeps one tensor per expert
+            for e, (name, _) in enumerate(parts):
+                yield name, torch.from_numpy(np.array(array[e], dtype=np.float32, order="C"))
+            continue
+        name = parts[0][0]
         proj = name.split(".")[-2]
         if permuted and proj in heads:
             array = unpermute_rows(array, heads[proj])

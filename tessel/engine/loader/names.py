@@ -14,11 +14,12 @@ GGUF_ARCHITECTURES = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
 }
 """GGUF ``general.architecture`` -> HF ``architectures[0]``."""
-HF_ONLY_ARCHITECTURES = ("Qwen3MoeForCausalLM",)
-"""Loaded from HF directories only: GGUF stores experts stacked (``ffn_*_exps``), not mapped yet."""
-SUPPORTED_ARCHITECTURES = (*GGUF_ARCHITECTURES.values(), *HF_ONLY_ARCHITECTURES)
+GGUF_MOE_ARCHITECTURES = {"llama": "MixtralForCausalLM"}
+"""The same, for a file with experts (``<arch>.expert_count``): llama.cpp converts Mixtral as llama."""
+SUPPORTED_ARCHITECTURES = (*GGUF_ARCHITECTURES.values(), *GGUF_MOE_ARCHITECTURES.values())
 
 _GGUF_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _GGUF_BLOCK = {
@@ -35,6 +36,8 @@ _GGUF_BLOCK = {
     "ffn_norm": "post_attention_layernorm",
 }
 _GGUF_NAME = re.compile(r"^(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)$")
+# llama.cpp stacks every expert of a layer in one tensor [E, ...]: index into _EXPERT_SPELLING's parts
+_GGUF_EXPERTS = {"ffn_gate_exps": 0, "ffn_up_exps": 1, "ffn_down_exps": 2}
 
 
 def hf_name_of_gguf(name: str) -> str | None:
@@ -48,6 +51,26 @@ def hf_name_of_gguf(name: str) -> str | None:
         return None if base is None else f"{base}.{kind}"
     base = _GGUF_BLOCK.get(part)
     return None if base is None else f"model.layers.{layer}.{base}.{kind}"
+
+
+def hf_tensors_of_gguf(
+    name: str, shape: tuple[int, ...], hf_config: dict[str, Any]
+) -> list[tuple[str, tuple[int, ...]]]:
+    """The HF tensors (name, shape) GGUF tensor ``name`` holds: one for most; for a stacked
+    ``blk.N.ffn_*_exps`` [E, ...] one per expert, the i-th being slice i; none if not a parameter."""
+    match = _GGUF_NAME.match(name)
+    arch = hf_config["architectures"][0]
+    if match is not None and match.group(1) is not None and arch in _EXPERT_SPELLING:
+        layer, part, kind = match.groups()
+        block, *parts = _EXPERT_SPELLING[arch]
+        if part in _GGUF_EXPERTS:
+            hf_part = parts[_GGUF_EXPERTS[part]]
+            prefix = f"model.layers.{layer}.{block}.experts"
+            return [(f"{prefix}.{e}.{hf_part}.{kind}", shape[1:]) for e in range(shape[0])]
+        if part == "ffn_gate_inp":  # the router
+            return [(f"model.layers.{layer}.{block}.gate.{kind}", shape)]
+    hf = hf_name_of_gguf(name)
+    return [] if hf is None else [(hf, shape)]
 
 
 def head_dim(hf_config: dict[str, Any]) -> int:
@@ -112,16 +135,27 @@ def _is_moe_layer(hf_config: dict[str, Any], layer: int) -> bool:
     return _num_experts(hf_config) > 0 and layer not in only_mlp and (layer + 1) % step == 0
 
 
+# per-expert gate / up / down names: Qwen3-MoE's, and Mixtral's (under ``block_sparse_moe``)
+_EXPERT_SPELLING = {
+    "Qwen3MoeForCausalLM": ("mlp", "gate_proj", "up_proj", "down_proj"),
+    "MixtralForCausalLM": ("block_sparse_moe", "w1", "w3", "w2"),
+}
+
+
 def _expert_shapes(hf_config: dict[str, Any], prefix: str) -> dict[str, tuple[int, ...]]:
-    """A MoE block's router and per-expert projections, as HF stores them (one tensor each)."""
-    hidden, inter = hf_config["hidden_size"], hf_config["moe_intermediate_size"]
+    """A MoE block's router and per-expert projections, as HF stores them (one tensor each;
+    transformers 5 fuses them in memory but ``save_pretrained`` writes them back this way)."""
+    arch = hf_config["architectures"][0]
+    block, gate, up, down = _EXPERT_SPELLING[arch]
+    hidden = hf_config["hidden_size"]
+    inter = hf_config["intermediate_size" if arch == "MixtralForCausalLM" else "moe_intermediate_size"]
     n = _num_experts(hf_config)
-    shapes: dict[str, tuple[int, ...]] = {f"{prefix}mlp.gate.weight": (n, hidden)}
+    shapes: dict[str, tuple[int, ...]] = {f"{prefix}{block}.gate.weight": (n, hidden)}
     for e in range(n):
-        e_prefix = f"{prefix}mlp.experts.{e}."
-        shapes[e_prefix + "gate_proj.weight"] = (inter, hidden)
-        shapes[e_prefix + "up_proj.weight"] = (inter, hidden)
-        shapes[e_prefix + "down_proj.weight"] = (hidden, inter)
+        e_prefix = f"{prefix}{block}.experts.{e}."
+        shapes[f"{e_prefix}{gate}.weight"] = (inter, hidden)
+        shapes[f"{e_prefix}{up}.weight"] = (inter, hidden)
+        shapes[f"{e_prefix}{down}.weight"] = (hidden, inter)
     return shapes
 
 

@@ -1,5 +1,7 @@
-"""Qwen3-MoE: the Qwen3 decoder (q/k norm attention) with a sparse MoE block in place of the MLP
-on its sparse layers. Attention, norms, embedding and head are the Llama family's own."""
+"""Qwen3-MoE and Mixtral: the Llama-family decoder with a sparse MoE block in place of the MLP on
+its sparse layers. Attention, norms, embedding and head are the Llama family's own; the two differ
+only in data (Qwen3's q/k norm, Mixtral's always-renormalised router, every layer sparse) and in
+their checkpoints' expert spelling, which ``_target`` maps onto one set of parameters."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from torch import nn
 
 from tessel.config.model_arch import ModelArch
 from tessel.engine.models.layers.linear import (
+    TensorSource,
     VocabParallelEmbedding,
     default_weight_loader,
     pack_cpu_weights,
@@ -30,8 +33,13 @@ from tessel.engine.models.llama import (
 )
 from tessel.kernels.attention.metadata import AttentionMetadata
 
-# model.layers.{l}.mlp.experts.{e}.{gate,up,down}_proj.weight -> the stacked w13 / w2
-_EXPERT = re.compile(r"^(.*\.mlp)\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
+# model.layers.{l}.mlp.experts.{e}.{gate,up,down}_proj.weight (Qwen3-MoE) or
+# model.layers.{l}.block_sparse_moe.experts.{e}.{w1,w3,w2}.weight (Mixtral) -> the stacked w13 / w2
+_EXPERT = re.compile(
+    r"^(.*)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$"
+)
+_EXPERT_PART = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
+_ROUTER = re.compile(r"^(.*)\.(?:mlp|block_sparse_moe)\.gate\.weight$")
 
 
 class Qwen3MoeDecoderLayer(nn.Module):
@@ -89,9 +97,10 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
     def pack_cpu_weights(self) -> int:
         return pack_cpu_weights([self.model.layers, self.head])
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, TensorSource]]) -> None:
         """HF names in; per-expert tensors go into their slice of the stacked weights. Every
-        parameter (every expert's every part) must be covered."""
+        parameter (every expert's every part) must be covered. A tensor may be a lazy slice (a
+        tensor-parallel rank reads only its part); ``copy_`` casts to the parameter's dtype."""
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         expert_parts: dict[str, set[str]] = {}
@@ -103,7 +112,7 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
             if param is None:
                 raise ValueError(f"checkpoint tensor {name!r} has no place in {self.arch.architecture}")
             loader = getattr(param, "weight_loader", default_weight_loader)
-            loader(param, tensor.to(param.dtype), shard_id)
+            loader(param, tensor, shard_id)
             if _EXPERT.match(name):
                 expert_parts.setdefault(target, set()).add(shard_id or "")
             else:
@@ -121,10 +130,12 @@ def _target(name: str) -> tuple[str, str | None]:
     """Our parameter name and shard id for checkpoint tensor ``name``."""
     match = _EXPERT.match(name)
     if match is not None:
-        block, expert, part = match.groups()
-        return (f"{block}.w2", f"{expert}:down") if part == "down" else (f"{block}.w13", f"{expert}:{part}")
-    if name.endswith(".mlp.gate.weight"):  # the router: a bare parameter of FusedMoE
-        return name.removesuffix(".weight"), None
+        layer, expert, spelled = match.groups()
+        part = _EXPERT_PART[spelled]
+        return (f"{layer}.mlp.w2", f"{expert}:down") if part == "down" else (f"{layer}.mlp.w13", f"{expert}:{part}")
+    router = _ROUTER.match(name)
+    if router is not None:  # a bare parameter of FusedMoE
+        return f"{router.group(1)}.mlp.gate", None
     for fragment, (fused, shard) in PACKED_MODULES.items():
         if f".{fragment}." in name:
             return name.replace(fragment, fused), shard

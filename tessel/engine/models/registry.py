@@ -17,6 +17,8 @@ MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    # the same sparse decoder: no q/k norm, every layer sparse, router renormalised (ModelArch)
+    "MixtralForCausalLM": Qwen3MoeForCausalLM,
 }
 
 

@@ -27,6 +27,7 @@ from tessel.engine.models.layers.parallel import SINGLE, ParallelRank
 from tessel.engine.request import Logprob, Request
 from tessel.engine.runner.buffers import DoubleBuffer, input_specs
 from tessel.engine.runner.cuda_graph import DecodeGraphs
+from tessel.engine.runner.expert_load import ExpertLoadReader
 from tessel.engine.runner.step_inputs import PreparedStep, prepare_step
 from tessel.engine.sampler import Sampler
 from tessel.engine.sampling_metadata import SamplingMetadata
@@ -53,6 +54,8 @@ class RunnerOutput:
     logprobs: dict[str, Logprob] = field(default_factory=dict)
     # request id -> (prompt index of the first scored token, logprobs from there on)
     prompt_logprobs: dict[str, tuple[int, list[Logprob]]] = field(default_factory=dict)
+    # [MoE layer][expert] tokens routed this step (padded CUDA-graph rows included); None if dense
+    expert_load: list[list[int]] | None = None
 
 
 @dataclass
@@ -81,6 +84,7 @@ class InFlightStep:
     events: dict[str, torch.cuda.Event] = field(default_factory=dict)
     # overlap: request id -> (request, index in its output_token_ids of this step's placeholder)
     placeholder_at: dict[str, tuple[Request, int]] = field(default_factory=dict)
+    expert_load: torch.Tensor | None = None  # [MoE layers, experts] host copy, valid once ``done``
 
 
 class StepPipeline:
@@ -128,10 +132,12 @@ class StepPipeline:
         self._sampled_host = [
             torch.zeros(max_seqs, dtype=torch.long, pin_memory=self.cuda) for _ in range(2)
         ]
+        self.expert_load = ExpertLoadReader(model, self.device)
 
     def capture_graphs(self) -> None:
         if self.graphs is not None:
             self.graphs.capture()
+            self.expert_load.reset()  # capture ran the forward: its routing is no step's
 
     # ---- stages 1-4 ------------------------------------------------------------------
 
@@ -164,6 +170,7 @@ class StepPipeline:
         self._record(ev, "compute_end", compute)
         t3 = time.perf_counter()
         inflight = self._aggregate(sched, step, hidden, timing, ev)  # stage 4
+        inflight.expert_load = self.expert_load.snapshot(buf.index)  # before "end": finish waits for it
         if compute is None:  # the CPU runs each stage as it is called: host clocks are the times
             timing.stages.update(copy=t2 - t1, compute=t3 - t2, aggregate=time.perf_counter() - t3)
         if compute is not None:
@@ -191,6 +198,7 @@ class StepPipeline:
         if num_sampling:
             self.model.compute_logits(hidden.index_select(0, buf.device_view("logits_indices")))  # type: ignore[operator]
             sampled = self.channel.receive_sampled(num_sampling, self.device)
+        self.expert_load.reset()  # rank 0 routed the same tokens the same way and reports them
         if compute is not None:
             buf.consumed = torch.cuda.Event()
             buf.consumed.record(compute)
@@ -258,7 +266,8 @@ class StepPipeline:
         if "end" in inflight.events:
             inflight.events["end"].synchronize()
             self._device_times(inflight)
-        out = RunnerOutput(prompt_logprobs=inflight.prompt_logprobs)
+        load = inflight.expert_load
+        out = RunnerOutput(prompt_logprobs=inflight.prompt_logprobs, expert_load=None if load is None else load.tolist())
         if inflight.sampled is None:
             return out
         requests = [s.request for s in inflight.step.sampling]

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tessel.engine.models.layers.linear import make_param
+from tessel.engine.models.layers.collectives import all_reduce
+from tessel.engine.models.layers.linear import TensorSource, make_param, read_whole
 from tessel.engine.models.layers.parallel import SINGLE, ParallelRank
 from tessel.kernels import dispatch
 from tessel.kernels.moe.reference import route_topk
@@ -20,6 +21,8 @@ _W13_SHARDS = ("gate", "up")
 
 class FusedMoE(nn.Module):
     """``num_experts`` SwiGLU experts of width ``intermediate_size``, each token sent to ``top_k``."""
+
+    expert_load: torch.Tensor  # a buffer, registered in __init__
 
     def __init__(
         self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
@@ -34,15 +37,18 @@ class FusedMoE(nn.Module):
         self.gate = make_param((num_experts, hidden_size), _load_replicated)
         self.w13 = make_param((num_experts, 2 * self.local_inter, hidden_size), self._load_w13)
         self.w2 = make_param((num_experts, hidden_size, self.local_inter), self._load_w2)
+        # tokens routed to each expert since the runner last read it: accumulated on the device
+        # (no host sync per layer; a fixed address, so CUDA graphs capture the update too)
+        self.register_buffer("expert_load", torch.zeros(num_experts, dtype=torch.long), persistent=False)
 
-    def _load_w13(self, param: nn.Parameter, full: torch.Tensor, shard_id: str | None) -> None:
+    def _load_w13(self, param: nn.Parameter, full: TensorSource, shard_id: str | None) -> None:
         """``shard_id`` is ``"{expert}:gate"`` or ``"{expert}:up"``; ``full`` is that [I, H] matrix."""
         expert, part = _parse(shard_id)
         n = self.local_inter
         rows = full.narrow(0, self.tp.rank * n, n)
         param.data[expert].narrow(0, _W13_SHARDS.index(part) * n, n).copy_(rows)
 
-    def _load_w2(self, param: nn.Parameter, full: torch.Tensor, shard_id: str | None) -> None:
+    def _load_w2(self, param: nn.Parameter, full: TensorSource, shard_id: str | None) -> None:
         expert, _ = _parse(shard_id)
         n = self.local_inter
         param.data[expert].copy_(full.narrow(1, self.tp.rank * n, n))
@@ -54,8 +60,13 @@ class FusedMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = dispatch.linear(x, self.gate)
         weights, ids = route_topk(logits, self.top_k, self.renormalise)
-        # a TP group would all-reduce here, as after a row-parallel down projection
-        return dispatch.fused_moe(x, self.w13, self.w2, weights, ids)
+        flat = ids.reshape(-1)
+        # index_add_, not bincount: CUDA's bincount reads the max id on the host (a sync)
+        self.expert_load.index_add_(0, flat, torch.ones_like(flat))
+        out = dispatch.fused_moe(x, self.w13, self.w2, weights, ids)
+        # each rank holds a slice of every expert's width: partial sums, as after a row-parallel
+        # down projection (every rank routed the same way: the router is replicated)
+        return all_reduce(out) if self.tp.size > 1 else out
 
 
 def _parse(shard_id: str | None) -> tuple[int, str]:
@@ -65,5 +76,5 @@ def _parse(shard_id: str | None) -> tuple[int, str]:
     return int(expert), part
 
 
-def _load_replicated(param: nn.Parameter, full: torch.Tensor, shard_id: str | None) -> None:
-    param.data.copy_(full)
+def _load_replicated(param: nn.Parameter, full: TensorSource, shard_id: str | None) -> None:
+    param.data.copy_(read_whole(full))

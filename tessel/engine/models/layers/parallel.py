@@ -44,12 +44,14 @@ SINGLE = ParallelRank()
 
 
 def tensor_parallel_sizes(arch: ModelArch, up_to: int = 64) -> list[int]:
-    """The sizes ``arch`` can be split into: query heads and the MLP width divide by the size,
-    and the KV heads either divide by it or divide it (then they are replicated)."""
+    """The sizes ``arch`` can be split into: query heads and the MLP width (and each expert's,
+    0 for a dense model) divide by the size, and the KV heads either divide by it or divide it
+    (then they are replicated)."""
     q, kv, inter = arch.num_attention_heads, arch.num_key_value_heads, arch.intermediate_size
+    moe = arch.moe_intermediate_size
     return [
         n for n in range(1, up_to + 1)
-        if q % n == 0 and inter % n == 0 and (kv % n == 0 or n % kv == 0)
+        if q % n == 0 and inter % n == 0 and moe % n == 0 and (kv % n == 0 or n % kv == 0)
     ]
 
 
@@ -65,6 +67,8 @@ def check_tensor_parallel(arch: ModelArch, size: int) -> None:
         why = f"num_attention_heads={q} is not divisible by {size}"
     elif inter % size:
         why = f"intermediate_size={inter} is not divisible by {size}"
+    elif arch.moe_intermediate_size % size:
+        why = f"moe_intermediate_size={arch.moe_intermediate_size} is not divisible by {size}"
     else:
         why = f"num_key_value_heads={kv} neither divides nor is divisible by {size}"
     raise ValueError(
