@@ -108,6 +108,9 @@ class AsyncEngine:
     async def start(self) -> None:
         if self.fatal_error is not None:
             raise EngineStepError(f"the engine has stopped: {self.fatal_error}")
+        if self._task is not None and self._task.done():
+            # a loop that died would never admit the request: refuse it rather than hang
+            raise EngineDeadError("the engine loop stopped")
         if self._task is None:
             self._wake = asyncio.Event()
             self._loop = asyncio.get_running_loop()
@@ -119,7 +122,8 @@ class AsyncEngine:
     async def shutdown(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            # a loop that died has had its error logged (_on_loop_end): shut down regardless
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
             self._task = None
         # after a failure the step thread may still sit in a dead collective: do not wait for it
@@ -245,8 +249,10 @@ class AsyncEngine:
         adds, self._pending_adds = self._pending_adds, []
         for rid, prompt, params in adds:
             stream = self._streams.get(rid)
-            if stream is None:
-                continue  # the caller left before admission
+            # The caller left before admission. A cancelled caller's wait is cancelled at once
+            # but its clean-up runs one loop turn later, so its stream may still be listed.
+            if stream is None or stream.admitted.done():
+                continue
             try:
                 self.core.add_request(rid, prompt, params)
             except ValueError as exc:

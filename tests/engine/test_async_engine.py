@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tessel.engine import LLM, AsyncEngine, SamplingParams
+from tessel.engine.async_engine import EngineDeadError
 from tessel.engine.llm import engine_config_from_kwargs
 from tests.checkpoints import write_tiny_checkpoint
 
@@ -82,5 +83,37 @@ async def test_bad_prompts_raise_clear_errors(tiny_dir: Path) -> None:
         with pytest.raises(ValueError, match="empty"):
             await _collect(engine, [], GREEDY, "empty")
         assert engine.stats().kv_blocks_used == 0
+    finally:
+        await engine.shutdown()
+
+
+async def test_a_caller_cancelled_before_admission_does_not_stop_the_loop(tiny_dir: Path) -> None:
+    """Cancelling a caller cancels its admission wait at once, but its clean-up (unlisting its
+    stream) runs a loop turn later; admitting in between once killed the loop for good."""
+    engine = AsyncEngine.from_config(engine_config_from_kwargs(str(tiny_dir), block_size=4))
+    await engine.start()
+    try:
+        caller = asyncio.create_task(_collect(engine, [5, 6, 7], GREEDY, "gone"))
+        await asyncio.sleep(0)  # the caller now waits for admission
+        caller.cancel()
+        engine._apply_pending()  # what the loop may run in that turn
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        assert len(await asyncio.wait_for(_collect(engine, [5, 6, 7], GREEDY, "next"), 30)) == 10
+        assert engine.is_alive()
+    finally:
+        await engine.shutdown()
+
+
+async def test_a_dead_loop_refuses_requests_instead_of_hanging(tiny_dir: Path) -> None:
+    engine = AsyncEngine.from_config(engine_config_from_kwargs(str(tiny_dir), block_size=4))
+    await engine.start()
+    try:
+        engine._apply_pending = lambda: 1 / 0  # type: ignore[method-assign]
+        engine._poke()
+        await asyncio.sleep(0.05)
+        assert not engine.is_alive()
+        with pytest.raises(EngineDeadError):
+            await asyncio.wait_for(_collect(engine, [5, 6, 7], GREEDY, "late"), 10)
     finally:
         await engine.shutdown()
