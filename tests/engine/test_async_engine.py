@@ -117,3 +117,43 @@ async def test_a_dead_loop_refuses_requests_instead_of_hanging(tiny_dir: Path) -
             await asyncio.wait_for(_collect(engine, [5, 6, 7], GREEDY, "late"), 10)
     finally:
         await engine.shutdown()
+
+
+async def test_built_on_the_thread_that_steps_and_outputs_taken_between_steps(
+    tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the CPU every torch thread keeps its own OpenMP team and a second team slows every
+    step, so the engine is built on its step thread; and the streams take each step's
+    outputs before the next step starts, rather than beside it."""
+    import threading
+
+    from tessel.engine import async_engine
+
+    built_on: list[str] = []
+    real_build = async_engine.build_engine_parts
+
+    def build(config: object) -> object:
+        built_on.append(threading.current_thread().name)
+        return real_build(config)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(async_engine, "build_engine_parts", build)
+    monkeypatch.setattr(async_engine, "_DELIVERY_WAIT_S", 10.0)  # a loaded CI box is no excuse here
+    engine = AsyncEngine.from_config(engine_config_from_kwargs(str(tiny_dir), block_size=4))
+    assert engine.deliver_between_steps  # a CPU engine
+    stepped_on: set[str] = set()
+    undelivered: list[int] = []
+    real_step = engine.core.step
+
+    def step() -> list:  # type: ignore[type-arg]
+        stepped_on.add(threading.current_thread().name)
+        undelivered.append(sum(s.queue.qsize() for s in list(engine._streams.values())))
+        return real_step()
+
+    engine.core.step = step  # type: ignore[method-assign]
+    await engine.start()
+    try:
+        await asyncio.gather(*(_collect(engine, p, GREEDY, f"r{i}") for i, p in enumerate(PROMPTS)))
+    finally:
+        await engine.shutdown()
+    assert stepped_on == set(built_on) and len(built_on) == 1
+    assert undelivered and max(undelivered) == 0

@@ -19,6 +19,18 @@ from tests.server.conftest import serving
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
+async def _settled(engine: AsyncEngine) -> None:
+    last = None
+    for _ in range(250):
+        stats = engine.stats()
+        now = (stats.num_running, stats.num_waiting, tuple(stats.expert_tokens_total or ()))
+        if now == last and not engine.core.has_unfinished():
+            return
+        last = now
+        await asyncio.sleep(0.02)
+    raise AssertionError("the engine did not settle")
+
+
 async def test_moe_metrics_are_scraped(tmp_path: Path) -> None:
     settings = ServerSettings(model=str(write_tiny_checkpoint(tmp_path, "qwen3_moe")), num_blocks=64)
     engine = await asyncio.to_thread(AsyncEngine.from_config, settings.engine_config())
@@ -27,6 +39,7 @@ async def test_moe_metrics_are_scraped(tmp_path: Path) -> None:
         async with serving(build_app(settings, engine)) as client:
             body = {"prompt": "Hello world", "max_tokens": 4, "ignore_eos": True}
             assert (await client.post("/v1/completions", json=body)).status_code == 200
+            await _settled(engine)  # a step may still be routing tokens after the response
             text = (await client.get("/metrics")).text
         stats = engine.stats()
     finally:
