@@ -24,7 +24,12 @@ class _Kernels(NamedTuple):
 
 
 @cache
-def _bind(lib: ctypes.CDLL) -> _Kernels:
+def kernels() -> _Kernels | None:
+    """The bound C functions, or None where native CPU kernels are off or cannot be built
+    (decided once per process; tests that change ``TESSEL_CPU_KERNELS`` clear this cache)."""
+    lib = cpu_native.load_library("cpu_elementwise")
+    if lib is None:
+        return None
     p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
     norm, silu, rope = lib.rms_norm_f32, lib.silu_and_mul_f32, lib.rope_f32
     norm.argtypes, norm.restype = [p, p, p, p, p, i64, i64, ctypes.c_float, i], None
@@ -33,14 +38,12 @@ def _bind(lib: ctypes.CDLL) -> _Kernels:
     return _Kernels(norm, silu, rope)
 
 
-def kernels() -> _Kernels | None:
-    """The bound C functions, or None where native CPU kernels are off or cannot be built."""
-    lib = cpu_native.load_library("cpu_elementwise")
-    return _bind(lib) if lib is not None else None
+_F32 = torch.float32
 
 
 def _native(*tensors: torch.Tensor) -> bool:
-    return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors)
+    # is_cpu / `is` rather than device.type / ==: this runs several times per layer per step
+    return all(t.dtype is _F32 and t.is_cpu and t.is_contiguous() for t in tensors)
 
 
 def _check_norm_shapes(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> None:
@@ -87,7 +90,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if fns is None or not _native(x) or x.numel() == 0:
         return reference.silu_and_mul(x)
     d = x.shape[-1] // 2
-    out = torch.empty(*x.shape[:-1], d, dtype=x.dtype)
+    out = x.new_empty(x.shape[:-1] + (d,)) if x.dim() != 2 else torch.empty(x.shape[0], d)
     fns.silu_and_mul(x.data_ptr(), out.data_ptr(), x.numel() // (2 * d), d, torch.get_num_threads())
     return out
 
@@ -104,7 +107,7 @@ def _check_rope_shapes(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
 
 def _heads_packed(t: torch.Tensor) -> bool:
     """Tokens may sit any stride apart (views into the qkv projection); a token's heads may not."""
-    return t.dtype == torch.float32 and t.device.type == "cpu" and t.stride()[1:] == (t.shape[2], 1)
+    return t.dtype is _F32 and t.is_cpu and t.stride()[1:] == (t.shape[2], 1)
 
 
 def apply_rope(
@@ -115,11 +118,13 @@ def apply_rope(
     _check_rope_shapes(q, k, positions, cos_sin_cache)
     fns = kernels()
     if (fns is None or q.shape[0] == 0 or not (_heads_packed(q) and _heads_packed(k))
-            or not _native(cos_sin_cache) or positions.device.type != "cpu"):
+            or not _native(cos_sin_cache) or not positions.is_cpu):
         return reference.apply_rope(q, k, positions, cos_sin_cache)
     tokens, num_heads, head_dim = q.shape
-    pos = positions.to(torch.int64).contiguous()
-    q_out, k_out = torch.empty(q.shape, dtype=q.dtype), torch.empty(k.shape, dtype=k.dtype)
+    pos = positions if positions.dtype is torch.int64 and positions.is_contiguous() else positions.long().contiguous()
+    # empty_like: a third of torch.empty(shape)'s cost on this path, and contiguous either way
+    contiguous = torch.contiguous_format
+    q_out, k_out = torch.empty_like(q, memory_format=contiguous), torch.empty_like(k, memory_format=contiguous)
     code = fns.rope(q.data_ptr(), k.data_ptr(), q_out.data_ptr(), k_out.data_ptr(), pos.data_ptr(),
                     cos_sin_cache.data_ptr(), tokens, num_heads, k.shape[1], head_dim, q.stride(0), k.stride(0),
                     cos_sin_cache.shape[0], torch.get_num_threads())

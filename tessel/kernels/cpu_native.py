@@ -76,25 +76,24 @@ def _open(name: str) -> ctypes.CDLL | None:
 
 def load_library(name: str) -> ctypes.CDLL | None:
     """The compiled ``<name>.c`` (built on first use), or None where native kernels are off
-    (``TESSEL_CPU_KERNELS`` other than ``native``, read on every call) or cannot be built."""
+    (``TESSEL_CPU_KERNELS`` other than ``native``) or cannot be built. Callers cache the answer:
+    the variable is read once per process, as reading it costs as much as a small kernel."""
     if os.environ.get("TESSEL_CPU_KERNELS", "native") != "native":
         return None
     return _open(name)
 
 
 @cache
-def _decode_fn(lib: ctypes.CDLL) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
+def decode_kernel() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    """The compiled ``paged_decode_f32``, or None where it cannot be built or loaded."""
+    lib = load_library("cpu_decode")
+    if lib is None:
+        return None
     fn = lib.paged_decode_f32
     p, i = ctypes.c_void_p, ctypes.c_int
     fn.argtypes = [p, p, p, p, p, p, i, i, i, i, i, i, ctypes.c_float, i]
     fn.restype = i
     return fn
-
-
-def decode_kernel() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    """The compiled ``paged_decode_f32``, or None where it cannot be built or loaded."""
-    lib = load_library("cpu_decode")
-    return _decode_fn(lib) if lib is not None else None
 
 
 def paged_decode(

@@ -4,7 +4,7 @@ shapes that cannot be right."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -32,6 +32,14 @@ class _Spy:
             self.calls += 1
             return getattr(reference, name)(*args)
         return call
+
+
+@pytest.fixture(autouse=True)
+def _fresh_kernels() -> Iterator[None]:
+    """kernels() reads TESSEL_CPU_KERNELS once per process; tests here change it."""
+    cpu_elementwise.kernels.cache_clear()
+    yield
+    cpu_elementwise.kernels.cache_clear()
 
 
 @pytest.fixture
