@@ -24,15 +24,19 @@
 extern float expf(float);
 #endif
 
-/* out = x * rsqrt(mean(x^2) + eps) * w per row of width `hidden`. With `res` non-NULL, x is first
- * replaced by x + res, which is also written to res_out (the new residual). Sums of squares
- * accumulate in double: the row is in cache anyway, and it keeps the result within an ulp or
- * two of torch's pairwise fp32 mean. */
+/* out = x * rsqrt(mean(x^2) + eps) * w per row of width `hidden`, rows packed in `out`. x's rows
+ * are `heads` per token, `head_stride` apart within one and `token_stride` between tokens, so
+ * Qwen3's per-head q/k norms read their views into the qkv projection without a copy (a plain
+ * [rows, hidden] x is heads = 1, token_stride = hidden). With `res` non-NULL (x then packed), x
+ * is first replaced by x + res, which is also written to res_out (the new residual). Sums of
+ * squares accumulate in double: the row is in cache anyway, and it keeps the result within an
+ * ulp or two of torch's pairwise fp32 mean. */
 void rms_norm_f32(const float *x, const float *res, const float *w, float *out, float *res_out,
-                  int64_t rows, int64_t hidden, float eps, int num_threads) {
+                  int64_t rows, int64_t hidden, int64_t heads, int64_t token_stride,
+                  int64_t head_stride, float eps, int num_threads) {
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (rows * hidden > PARALLEL_MIN)
     for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * hidden;
+        const float *xr = x + (r / heads) * token_stride + (r % heads) * head_stride;
         float *o = out + r * hidden;
         double sum = 0.0;
         if (res != NULL) {

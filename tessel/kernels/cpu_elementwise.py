@@ -32,7 +32,7 @@ def kernels() -> _Kernels | None:
         return None
     p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
     norm, silu, rope = lib.rms_norm_f32, lib.silu_and_mul_f32, lib.rope_f32
-    norm.argtypes, norm.restype = [p, p, p, p, p, i64, i64, ctypes.c_float, i], None
+    norm.argtypes, norm.restype = [p, p, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float, i], None
     silu.argtypes, silu.restype = [p, p, i64, i64, i], None
     rope.argtypes, rope.restype = [p, p, p, p, p, p, i64, i, i, i, i64, i64, i64, i], i
     return _Kernels(norm, silu, rope)
@@ -58,12 +58,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x * rsqrt(mean(x^2) + eps) * weight`` over the last dim, as ``reference.rms_norm``."""
     _check_norm_shapes(x, weight, None)
     fns = kernels()
-    if fns is None or not _native(x, weight) or x.numel() == 0:
+    if fns is None or not _native(weight) or x.numel() == 0:
         return reference.rms_norm(x, weight, eps)
     hidden = x.shape[-1]
-    out = torch.empty_like(x)
+    if _native(x):
+        heads, token_stride = 1, hidden
+    elif x.dim() == 3 and _heads_packed(x):  # per-head q/k norm on a view into the qkv rows
+        heads, token_stride = x.shape[1], x.stride(0)
+    else:
+        return reference.rms_norm(x, weight, eps)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
     fns.rms_norm(x.data_ptr(), None, weight.data_ptr(), out.data_ptr(), None,
-                 x.numel() // hidden, hidden, eps, torch.get_num_threads())
+                 x.numel() // hidden, hidden, heads, token_stride, hidden, eps, torch.get_num_threads())
     return out
 
 
@@ -78,7 +84,7 @@ def fused_add_rms_norm(
     hidden = x.shape[-1]
     out, new_residual = torch.empty_like(x), torch.empty_like(x)
     fns.rms_norm(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), out.data_ptr(), new_residual.data_ptr(),
-                 x.numel() // hidden, hidden, eps, torch.get_num_threads())
+                 x.numel() // hidden, hidden, 1, hidden, hidden, eps, torch.get_num_threads())
     return out, new_residual
 
 

@@ -98,6 +98,18 @@ def _qkv_views(tokens: int, hq: int, hkv: int, d: int, seed: int) -> tuple[torch
 
 
 @pytest.mark.parametrize("heads", ROPE_HEADS, ids=lambda h: f"q{h[0]}kv{h[1]}d{h[2]}")
+@pytest.mark.parametrize("tokens", [1, 37, 600])
+def test_per_head_rms_norm_of_qkv_views(native: None, heads: tuple[int, int, int], tokens: int) -> None:
+    """Qwen3's q/k norms: x is [T, H, D] strided into the fused qkv rows, normed per head."""
+    hq, hkv, d = heads
+    q, k = _qkv_views(tokens, hq, hkv, d, seed=tokens)
+    w = _randn(d, seed=1)
+    for x in (q, k):
+        assert not x.is_contiguous() or x.shape[0] == 1
+        torch.testing.assert_close(cpu_elementwise.rms_norm(x, w, 1e-6), reference.rms_norm(x, w, 1e-6), **TOL)
+
+
+@pytest.mark.parametrize("heads", ROPE_HEADS, ids=lambda h: f"q{h[0]}kv{h[1]}d{h[2]}")
 @pytest.mark.parametrize("tokens", [1, 4, 37, 600])
 @pytest.mark.parametrize("pos_dtype", [torch.int64, torch.int32], ids=str)
 def test_rope_matches_reference(native: None, heads: tuple[int, int, int], tokens: int, pos_dtype: torch.dtype) -> None:
