@@ -1,11 +1,12 @@
-"""Builds and loads the CPU engine's one C kernel (``cpu_decode.c``), as vLLM's CPU backend
-ships C++ attention: decode attention over a paged cache is memory-bound, and plain torch
-ops can only reach it by gathering the context into a padded copy first, which reads and
-writes every byte again.
+"""Builds and loads the CPU engine's C kernels, as vLLM's CPU backend ships C++ ones:
+``cpu_decode.c`` (decode attention over a paged cache is memory-bound, and plain torch ops can
+only reach it by gathering the context into a padded copy first, which reads and writes every
+byte again) and ``cpu_elementwise.c`` (norms, SiLU-and-mul and RoPE in one pass each).
 
-Compiled once per machine with the system C compiler into ``$TESSEL_CACHE_DIR/kernels``
-(default ``~/.cache/tessel/kernels``), keyed by the source and flags; where no compiler works,
-``decode_kernel()`` is None and the engine keeps the torch path.
+Each source is compiled once per machine with the system C compiler into
+``$TESSEL_CACHE_DIR/kernels`` (default ``~/.cache/tessel/kernels``), keyed by the source and
+flags; where no compiler works, or ``TESSEL_CPU_KERNELS`` is not ``native``, ``load_library``
+returns None and the engine keeps the torch path.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 
 log = logging.getLogger("tessel.kernels")
 
-SOURCE = Path(__file__).with_name("cpu_decode.c")
+SOURCES = {name: Path(__file__).with_name(f"{name}.c") for name in ("cpu_decode", "cpu_elementwise")}
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-math-only", "-fPIC"]
 LINK_FLAGS = ["-shared", "-fopenmp"]
 """Linked apart from the compile, without -ffast-math: linking with it adds GCC's crtfastmath.o,
@@ -38,45 +39,60 @@ def _cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
-def _build() -> Path | None:
+def _build(source_path: Path) -> Path | None:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         return None
-    source = SOURCE.read_bytes()
+    source = source_path.read_bytes()
     key = hashlib.sha256(source + " ".join([compiler, *FLAGS, *LINK_FLAGS]).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"cpu_decode-{key}.so"
+    target = _cache_dir() / f"{source_path.stem}-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        built, obj = Path(tmp) / target.name, Path(tmp) / "cpu_decode.o"
+        built, obj = Path(tmp) / target.name, Path(tmp) / f"{source_path.stem}.o"
         for cmd in (
-            [compiler, *FLAGS, "-c", "-o", str(obj), str(SOURCE)],
+            [compiler, *FLAGS, "-c", "-o", str(obj), str(source_path)],
             [compiler, *LINK_FLAGS, "-o", str(built), str(obj), "-lm"],
         ):
             result = subprocess.run(cmd, capture_output=True, text=True)
             if result.returncode != 0:
-                log.warning("could not build %s (%s); CPU decode attention uses torch ops", SOURCE.name, result.stderr.strip()[-300:])
+                log.warning("could not build %s (%s); the CPU engine uses torch ops instead",
+                            source_path.name, result.stderr.strip()[-300:])
                 return None
         os.replace(built, target)  # atomic: a concurrent builder finds a whole file or none
     return target
 
 
 @cache
-def decode_kernel() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    """The compiled ``paged_decode_f32``, or None where it cannot be built or loaded."""
+def _open(name: str) -> ctypes.CDLL | None:
+    try:
+        path = _build(SOURCES[name])
+        return ctypes.CDLL(str(path)) if path is not None else None
+    except OSError as exc:
+        log.warning("could not load the CPU kernels of %s: %s", name, exc)
+        return None
+
+
+def load_library(name: str) -> ctypes.CDLL | None:
+    """The compiled ``<name>.c`` (built on first use), or None where native kernels are off
+    (``TESSEL_CPU_KERNELS`` other than ``native``) or cannot be built. Callers cache the answer:
+    the variable is read once per process, as reading it costs as much as a small kernel."""
     if os.environ.get("TESSEL_CPU_KERNELS", "native") != "native":
         return None
-    try:
-        path = _build()
-        fn = ctypes.CDLL(str(path)).paged_decode_f32 if path is not None else None
-    except OSError as exc:
-        log.warning("could not load the CPU decode kernel: %s", exc)
+    return _open(name)
+
+
+@cache
+def decode_kernel() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    """The compiled ``paged_decode_f32``, or None where it cannot be built or loaded."""
+    lib = load_library("cpu_decode")
+    if lib is None:
         return None
-    if fn is not None:
-        p, i = ctypes.c_void_p, ctypes.c_int
-        fn.argtypes = [p, p, p, p, p, p, i, i, i, i, i, i, ctypes.c_float, i]
-        fn.restype = i
+    fn = lib.paged_decode_f32
+    p, i = ctypes.c_void_p, ctypes.c_int
+    fn.argtypes = [p, p, p, p, p, p, i, i, i, i, i, i, ctypes.c_float, i]
+    fn.restype = i
     return fn
 
 

@@ -1,4 +1,5 @@
-"""The one place the engine gets its ops from: Triton kernels on CUDA, references elsewhere."""
+"""The one place the engine gets its ops from: Triton kernels on CUDA, the CPU engine's fast paths
+(C kernels for fp32, falling back to the references themselves) on the CPU, references elsewhere."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from tessel.kernels import cpu_attention, cpu_linear, reference
+from tessel.kernels import cpu_attention, cpu_elementwise, cpu_linear, reference
 from tessel.kernels.attention.metadata import AttentionMetadata
 from tessel.kernels.moe import reference as moe_reference
 from tessel.kernels.quant import reference as quant_reference
@@ -54,6 +55,8 @@ def linear(
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if _use_triton(x):
         return _ops().rms_norm(x, weight, eps)
+    if _use_cpu_fast_path(x):
+        return cpu_elementwise.rms_norm(x, weight, eps)
     return reference.rms_norm(x, weight, eps)
 
 
@@ -62,12 +65,16 @@ def fused_add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if _use_triton(x):
         return _ops().fused_add_rms_norm(x, residual, weight, eps)
+    if _use_cpu_fast_path(x):
+        return cpu_elementwise.fused_add_rms_norm(x, residual, weight, eps)
     return reference.fused_add_rms_norm(x, residual, weight, eps)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if _use_triton(x):
         return _ops().silu_and_mul(x)
+    if _use_cpu_fast_path(x):
+        return cpu_elementwise.silu_and_mul(x)
     return reference.silu_and_mul(x)
 
 
@@ -76,6 +83,8 @@ def apply_rope(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if _use_triton(q):
         return _ops().apply_rope(q, k, positions, cos_sin_cache)
+    if _use_cpu_fast_path(q):
+        return cpu_elementwise.apply_rope(q, k, positions, cos_sin_cache)
     return reference.apply_rope(q, k, positions, cos_sin_cache)
 
 
