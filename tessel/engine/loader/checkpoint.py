@@ -6,6 +6,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tessel.engine.loader.names import expected_shapes
+
 if TYPE_CHECKING:  # transformers takes ~1 s to import; only the tokenizer paths need it
     import torch
     from transformers import PreTrainedTokenizerFast
@@ -13,6 +15,23 @@ if TYPE_CHECKING:  # transformers takes ~1 s to import; only the tokenizer paths
 
 class CheckpointError(ValueError):
     """A checkpoint cannot be read; the message names the file and what is wrong with it."""
+
+
+def check_tensor_shapes(
+    origin: object, present: dict[str, tuple[int, ...]], hf_config: dict[str, Any], config_name: str
+) -> None:
+    """Every tensor the architecture needs is in ``present`` with the shape the config implies;
+    else a CheckpointError naming ``origin`` (the file or directory) and the first offenders."""
+    expected = expected_shapes(hf_config)
+    missing = [name for name in expected if name not in present]
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise CheckpointError(f"{origin}: missing tensors {', '.join(missing[:5])}{more}")
+    for name, shape in expected.items():
+        if present[name] != shape:
+            raise CheckpointError(
+                f"{origin}: tensor {name} has shape {present[name]}, {config_name} implies {shape}"
+            )
 
 
 @dataclass

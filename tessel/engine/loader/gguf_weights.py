@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from tessel.engine.loader.checkpoint import CheckpointError
+from tessel.engine.loader.checkpoint import check_tensor_shapes
 from tessel.engine.loader.dequant import dequantize
 from tessel.engine.loader.gguf_config import gguf_architecture
 from tessel.engine.loader.gguf_reader import GgufFile
-from tessel.engine.loader.names import expected_shapes, hf_tensors_of_gguf
+from tessel.engine.loader.names import hf_tensors_of_gguf
 
 # convert_hf_to_gguf.py reorders the rows of Llama/Mistral q/k projections (HF's rotate-half RoPE ->
 # GGML's interleaved RoPE); Qwen's converters do not.
@@ -26,16 +26,7 @@ def check_gguf_tensors(gguf: GgufFile, hf_config: dict[str, Any]) -> None:
         for name, info in gguf.tensors.items()
         for hf, shape in hf_tensors_of_gguf(name, info.shape, hf_config)
     }
-    expected = expected_shapes(hf_config)
-    missing = [name for name in expected if name not in present]
-    if missing:
-        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        raise CheckpointError(f"{gguf.path}: missing tensors {', '.join(missing[:5])}{more}")
-    for name, shape in expected.items():
-        if present[name] != shape:
-            raise CheckpointError(
-                f"{gguf.path}: tensor {name} has shape {present[name]}, the config implies {shape}"
-            )
+    check_tensor_shapes(gguf.path, present, hf_config, "the config")
 
 
 def iter_gguf_weights(

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from tessel.engine.loader.checkpoint import Checkpoint, CheckpointError
-from tessel.engine.loader.names import SUPPORTED_ARCHITECTURES, expected_shapes
+from tessel.engine.loader.checkpoint import Checkpoint, CheckpointError, check_tensor_shapes
+from tessel.engine.loader.names import SUPPORTED_ARCHITECTURES
 
 _INDEX, _SINGLE = "model.safetensors.index.json", "model.safetensors"
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers older exports saved; recomputed by the model
@@ -103,16 +103,7 @@ def _check_tensors(
             raise CheckpointError(
                 f"{path}: the index lists {absent[0]}, which the file does not hold"
             )
-    expected = expected_shapes(hf_config)
-    missing = [name for name in expected if name not in shapes]
-    if missing:
-        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        raise CheckpointError(f"{directory}: missing tensors {', '.join(missing[:5])}{more}")
-    for name, shape in expected.items():
-        if shapes[name] != shape:
-            raise CheckpointError(
-                f"{directory}: tensor {name} has shape {shapes[name]}, config.json implies {shape}"
-            )
+    check_tensor_shapes(directory, shapes, hf_config, "config.json")
 
 
 def iter_safetensors(files: dict[Path, list[str]]) -> Iterator[tuple[str, torch.Tensor]]:
