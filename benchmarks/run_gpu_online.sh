@@ -6,7 +6,7 @@ set -uo pipefail
 source benchmarks/gpu_env.sh
 # The device image has no httpx for the client; its wheels are carried in .whl/extra.
 python3 -c "import httpx" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/extra/*.whl
-python3 -c "import httpx, server.app" || { echo "client or server imports fail (fastapi needs opentelemetry-api in .whl)"; exit 1; }
+python3 -c "import httpx, tessel.server.app" || { echo "client or server imports fail (fastapi needs opentelemetry-api in .whl)"; exit 1; }
 PORT=8011
 python3 benchmarks/serve_gpu_dummy.py --model Llama-3.1-8B --load-format dummy --port $PORT \
   --max-model-len 4096 --max-num-seqs 256 > "$OUT/server.log" 2>&1 &

@@ -54,12 +54,48 @@ def run(model: str, prompts: list[list[int]], outputs: list[int], **kw: Any) -> 
     return result
 
 
+def hf_run(model: str, prompts: list[list[int]], outputs: list[int], max_time: float) -> dict[str, Any]:
+    """transformers on the same GPU: one left-padded batch, every row run to the longest output
+    (what static batching costs); only the tokens each request asked for are counted. Stopped
+    after ``max_time`` s, it is credited with the requested tokens of the steps it ran."""
+    import transformers
+
+    from tessel.config import load_preset
+
+    cfg = load_preset(model)
+    config = transformers.AutoConfig.for_model(cfg["model_type"], **{k: v for k, v in cfg.items() if k != "model_type"})
+    with torch.device("cuda"):
+        hf = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device="cuda")
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device="cuda")
+    new = max(outputs)
+    with torch.inference_mode():
+        hf.generate(ids[:2, -16:], attention_mask=mask[:2, -16:], max_new_tokens=4, do_sample=False, pad_token_id=0)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        out = hf.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=True,
+                          temperature=0.6, pad_token_id=0, max_time=max_time)
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t
+    steps = out.shape[1] - width
+    useful = sum(min(n, steps) for n in outputs)
+    del hf, out
+    free()
+    return {"seconds": elapsed, "output_tokens": useful, "tok_s": useful / elapsed, "steps": steps,
+            "total_tok_s": (useful + sum(map(len, prompts))) / elapsed,
+            "experts_implementation": getattr(config, "_experts_implementation", None)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="Qwen3-0.6B")
     ap.add_argument("--num", type=int, default=256)
     ap.add_argument("--input-len", type=int, default=None, help="every prompt this long (default: nano-vllm's)")
     ap.add_argument("--output-len", type=int, default=None)
+    ap.add_argument("--hf-num", type=int, default=0,
+                    help="also run transformers, and Tessel again, on the first N of these requests")
+    ap.add_argument("--hf-max-time", type=float, default=120.0, help="stop transformers after this many s")
     ap.add_argument("--out", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -73,6 +109,26 @@ def main() -> None:
         lengths = f"{fixed_in} in / {fixed_out} out"
     kw = dict(max_model_len=4096, max_num_seqs=256, max_num_batched_tokens=16384)
     r = run(args.model, prompts, outputs, **kw)
+    print(f"Tessel: {r['tok_s']:.0f} output tok/s", flush=True)
+    subset = []
+    if args.hf_num:
+        n = args.hf_num
+        t = run(args.model, prompts[:n], outputs[:n], **kw)
+        print(f"Tessel, first {n}: {t['tok_s']:.0f} output tok/s", flush=True)
+        try:
+            h = hf_run(args.model, prompts[:n], outputs[:n], args.hf_max_time)
+        except Exception as e:  # report the engine's numbers even if transformers cannot run
+            print(f"transformers failed: {e!r}", flush=True)
+            h = {"seconds": float("nan"), "output_tokens": sum(outputs[:n]), "tok_s": float("nan"), "total_tok_s": float("nan")}
+            free()
+        r["subset"] = {"n": n, "tessel": t, "transformers": h}
+        subset = [
+            f"| Tessel, first {n} requests | {t['output_tokens']} | {t['seconds']:.2f} | {t['tok_s']:.0f} | "
+            f"{t['total_tok_s']:.0f} | {t['steps']} | {t['gpu_idle_s']:.2f} | {t['graph_steps']} |",
+            f"| transformers (one padded batch, bf16, {h.get('steps', '?')} steps), first {n} | {h['output_tokens']} | {h['seconds']:.2f} | "
+            f"{h['tok_s']:.0f} | {h['total_tok_s']:.0f} | | | |",
+            f"| ratio Tessel / transformers, first {n} | | | {t['tok_s'] / h['tok_s']:.2f}x | | | | |",
+        ]
     stages = ", ".join(f"{k} {v:.2f}" for k, v in r["stage_seconds"].items())
     table = "\n".join([
         f"GPU: {torch.cuda.get_device_name()}; {args.model} random bf16 weights; {args.num} seqs, {lengths}, "
@@ -82,6 +138,7 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|",
         f"| Tessel (graphs, overlap, balanced) | {r['output_tokens']} | {r['seconds']:.2f} | {r['tok_s']:.0f} | "
         f"{r['total_tok_s']:.0f} | {r['steps']} | {r['gpu_idle_s']:.2f} | {r['graph_steps']} |",
+        *subset,
         "",
         f"stage seconds (summed; 1/5 host, 2-4 device): {stages}",
     ])

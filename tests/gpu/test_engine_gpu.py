@@ -47,12 +47,21 @@ def generate(model: str, prompts: list[list[int]], **kw: object) -> list[list[in
     return [o.outputs[0].token_ids for o in outs]
 
 
-@pytest.mark.parametrize("model", ["tiny", "SmolLM2-135M"])
-def test_cuda_fp32_equals_cpu(model: str, tiny_dir: Path) -> None:
-    """Triton path, graphs on, overlap on, fp32: token for token the CPU reference engine."""
+@pytest.fixture(scope="module")
+def tiny_moe_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("gpu-moe")
+    return {arch: write_tiny_checkpoint(root, arch, max_position_embeddings=512) for arch in ("qwen3_moe", "mixtral")}
+
+
+@pytest.mark.parametrize("model", ["tiny", "qwen3_moe", "mixtral", "SmolLM2-135M"])
+def test_cuda_fp32_equals_cpu(model: str, tiny_dir: Path, tiny_moe_dirs: dict[str, Path]) -> None:
+    """Triton path (the fused-MoE kernels for the MoE models), graphs on, overlap on, fp32:
+    token for token the CPU reference engine."""
     kw: dict[str, object] = {"dtype": "float32"}
     if model == "tiny":
         name = str(tiny_dir)
+    elif model in tiny_moe_dirs:
+        name = str(tiny_moe_dirs[model])
     else:
         name, kw["load_format"] = model, "dummy"
     cpu = generate(name, PROMPTS, device="cpu", **kw)

@@ -63,6 +63,29 @@ def test_fused_moe_matches_reference(device: str, case: tuple[str, int, int, int
     assert torch.equal(got, triton_moe.fused_moe(x, w13, w2, weights, ids))  # no atomics: bit-stable
 
 
+@pytest.mark.parametrize("tokens", [1, 2, 5])
+@pytest.mark.parametrize("routing", ["uniform", "one_expert", "empty_experts"])
+def test_gemv_and_grouped_paths_agree(device: str, tokens: int, routing: str) -> None:
+    """The few-token GEMV path and the tile-grouped path, forced each way, against the reference
+    (one_expert: pairs of different tokens share an expert; ragged H and I; NaN unused experts)."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    x, w13, w2, weights, ids = _problem(routing, tokens, 40, 24, 8, 2, dtype=dtype, device=device, seed=tokens)
+    want = ref.fused_moe(x.float(), w13.float(), w2.float(), weights, ids)
+    gemv = triton_moe.fused_moe(x, w13, w2, weights, ids, gemv=True)
+    grouped = triton_moe.fused_moe(x, w13, w2, weights, ids, gemv=False)
+    assert gemv.dtype == dtype and gemv.shape == x.shape
+    torch.testing.assert_close(gemv.float(), want, **_tol(dtype))
+    torch.testing.assert_close(grouped.float(), want, **_tol(dtype))
+    assert torch.equal(gemv, triton_moe.fused_moe(x, w13, w2, weights, ids, gemv=True))  # bit-stable
+
+
+def test_gemv_path_is_taken_only_for_few_pairs() -> None:
+    from tessel.kernels.moe.triton_moe_gemv import use_gemv
+
+    assert use_gemv(1, 8, 128) and use_gemv(4, 8, 128) and not use_gemv(5, 8, 128)
+    assert use_gemv(1, 2, 8) and not use_gemv(2, 2, 8)  # Mixtral: batch 1 only
+
+
 def test_fused_moe_fp16_and_tall_tiles(device: str) -> None:
     """fp16 inputs with fp32 accumulation; int32 ids; a 32-row tile config (more padding per expert)."""
     x, w13, w2, weights, ids = _problem("uniform", 9, 32, 24, 4, 2, dtype=torch.float16, device=device)
@@ -115,7 +138,7 @@ def test_align_pairs_groups_every_pair_once(block_m: int, routing: str) -> None:
 @pytest.mark.parametrize("tokens", [1, 40, 300])
 def test_fused_moe_bf16_qwen3_moe_shape(tokens: int) -> None:
     """Qwen3-30B-A3B's expert shape (H 2048, I 768, top-8) with 32 experts, through dispatch."""
-    hidden, inter, experts, top_k = 2048, 768, 32, 8
+    hidden, inter, experts, top_k = 2048, 768, 32, 8  # T=1: the GEMV path; 40, 300: grouped tiles
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16()
     w13 = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=g) / hidden**0.5).bfloat16()
