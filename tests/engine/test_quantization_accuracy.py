@@ -29,12 +29,15 @@ from tessel.engine.models.layers.quantization import config as quant_config
 TEXT = (Path(__file__).parents[1] / "data" / "public_domain.txt").read_text()
 SCORE = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
 
-# (engine kwargs, max perplexity ratio, min top-1 agreement); measured figures in the comments
+# (engine kwargs, max perplexity ratio, min top-1 agreement); measured figures in the comments,
+# on an AVX2 CPU / an AVX-512 one. The fp32 ops round differently with the vector width (oneDNN's
+# GEMMs, our C kernels), that flips some int8/E4M3 roundings, and near-tied next tokens amplify it:
+# the bounds leave room for both machines.
 VARIANTS = {
-    "bf16": ({"dtype": "bfloat16"}, 1.01, 0.965),  # 1.0046, 0.9726: the floor of the metric
-    "int8-smoothquant0.5": ({"quantization": "int8", "smoothquant_alpha": 0.5}, 1.02, 0.91),  # 0.9961, 0.9198
-    "int8": ({"quantization": "int8"}, 1.06, 0.87),  # 1.0476, 0.8861
-    "fp8-numerics-on-cpu": ({"quantization": "fp8"}, 1.045, 0.91),  # 1.0353, 0.9241
+    "bf16": ({"dtype": "bfloat16"}, 1.01, 0.955),  # 1.0046, 0.9726 / 1.0019, 0.9662: the metric's floor
+    "int8-smoothquant0.5": ({"quantization": "int8", "smoothquant_alpha": 0.5}, 1.02, 0.90),  # 0.9961, 0.9198 / 0.9955, 0.9262
+    "int8": ({"quantization": "int8"}, 1.08, 0.85),  # 1.0476, 0.8861 / 1.0651, 0.8776
+    "fp8-numerics-on-cpu": ({"quantization": "fp8"}, 1.05, 0.90),  # 1.0353, 0.9241 / 1.0231, 0.9241
 }
 
 
