@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Issue 8 on a GPU machine: the tensor-parallel GPU tests, then TP=1 throughput of this tree and,
-# side by side, of the tree before tensor parallelism (MAIN_TREE, e.g. `git worktree add /tmp/main
-# 6037dbf`), run alternately twice each so drift shows. Logs and tables under $OUT.
-#   bash benchmarks/run_gpu_tp.sh [MAIN_TREE]
+# side by side, of the tree before tensor parallelism (MAIN_TREE), run alternately twice each so
+# drift shows. Logs and tables under $OUT. MAIN_TREE must travel with the call: here,
+#   mkdir .tp_before && git archive 6037dbf | tar -x -C .tp_before && echo /.tp_before/ >> .git/info/exclude
+# then carry [".whl", ".tp_before"] and run
+#   bash benchmarks/run_gpu_tp.sh .tp_before
 set -uo pipefail
 MAIN_TREE=${1:-}
 if ls .whl/*.whl >/dev/null 2>&1; then

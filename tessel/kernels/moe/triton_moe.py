@@ -19,9 +19,9 @@ import triton
 import triton.language as tl
 
 from tessel.kernels.checks import FLOAT_DTYPES, check_shape, check_tensor
+from tessel.kernels.moe import triton_moe_gemv as gemv_path
 from tessel.kernels.moe.align import MoeTiles, align_pairs
 from tessel.kernels.moe.configs import MoeConfig, pick_config
-from tessel.kernels.moe.triton_moe_gemv import fused_moe_gemv, use_gemv
 
 
 @triton.jit(do_not_specialize=["num_pairs"])
@@ -156,14 +156,17 @@ def fused_moe(
 
     x: [T, H]; w13: [E, 2I, H] (gate rows then up rows); w2: [E, H, I]; top-k weights/ids
     [T, K]. ``config`` pins the tile shape (tests, benchmarks); by default ``pick_config``.
-    ``gemv`` forces (True) or bars (False) the few-token path; by default ``use_gemv`` picks.
+    ``gemv`` forces (True) or bars (False) the few-token path; by default ``use_gemv`` picks
+    when that path is enabled (``triton_moe_gemv.GEMV_BY_DEFAULT``).
     """
     _check(x, w13, w2, topk_weights, topk_ids)
     tokens, top_k = topk_ids.shape
     if tokens == 0 or top_k == 0:
         return torch.zeros_like(x)
-    if gemv if gemv is not None else (config is None and use_gemv(tokens, top_k, w13.shape[0])):
-        return fused_moe_gemv(x, w13, w2, topk_weights, topk_ids)
+    if gemv is None:
+        gemv = gemv_path.GEMV_BY_DEFAULT and config is None and gemv_path.use_gemv(tokens, top_k, w13.shape[0])
+    if gemv:
+        return gemv_path.fused_moe_gemv(x, w13, w2, topk_weights, topk_ids)
     cfg = config or pick_config(tokens * top_k, w13.shape[0])
     tiles = align_pairs(topk_ids, w13.shape[0], cfg.block_m)
     out = _launch(x, w13, w2, topk_weights, top_k, tiles, cfg)

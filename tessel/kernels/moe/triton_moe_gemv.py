@@ -81,6 +81,12 @@ def _down_gemv_kernel(
     tl.store(out_ptr + token * stride_ot + offs_n, out.to(out_ptr.dtype.element_ty), mask=n_ok)
 
 
+# Off by default until it is checked and timed on a GPU (written after the session's device time
+# ran out: interpreter-tested only). TESSEL_MOE_GEMV=1 turns it on; the GPU tests and
+# benchmarks/moe_layer.py force it either way.
+GEMV_BY_DEFAULT = os.environ.get("TESSEL_MOE_GEMV", "0") == "1"
+
+
 def use_gemv(tokens: int, top_k: int, num_experts: int) -> bool:
     """One token's K experts are always distinct; past that, only while pairs are few enough
     next to E that two sharing an expert (and reading its weights twice) stays rare."""
