@@ -303,6 +303,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--max-model-len", type=int, default=1024, help="Overhead mode: the engine's context."
     )
     p.add_argument("--rounds", type=int, default=2, help="Overhead mode: alternating rounds of each side.")
+    p.add_argument(
+        "--engine-flag", action="append", default=[], metavar="KEY=VALUE",
+        help="Overhead mode: an engine setting for both sides, e.g. model=DIR, load_format=dummy (repeatable).",
+    )
     return p.parse_args(argv)
 
 

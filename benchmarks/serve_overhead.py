@@ -73,7 +73,8 @@ def overhead(args: argparse.Namespace) -> dict[str, Any]:
     prompts = make_prompts(args.concurrency, args.input_len, 0.0, args.seed, as_text=False)
     # Warm-up with the full batch shape: the first batch of a new size is several times slower.
     warm = make_prompts(args.concurrency, args.input_len, 0.0, args.seed + 7, as_text=False)
-    flags = {"max_model_len": args.max_model_len, "max_num_seqs": max(args.concurrency, 1)}
+    flags: dict[str, Any] = {"max_model_len": args.max_model_len, "max_num_seqs": max(args.concurrency, 1)}
+    flags |= dict(flag.split("=", 1) for flag in args.engine_flag)
     params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
     llm = LLM(config=ServerSettings(**flags).engine_config())
     llm.generate(warm, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))

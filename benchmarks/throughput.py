@@ -4,6 +4,9 @@ Fixed lengths instead (issue 5's second case: Llama-3.1-8B, 1,000 requests of 1,
 
     PYTHONPATH=. python3 benchmarks/throughput.py --out throughput.md
     PYTHONPATH=. python3 benchmarks/throughput.py --model Llama-3.1-8B --num 1000 --input-len 1024 --output-len 256
+The online benchmark's workload offline (what the engine alone does with `serve.py --lengths sharegpt`):
+
+    PYTHONPATH=. python3 benchmarks/throughput.py --model Llama-3.1-8B --num 500 --sharegpt --max-num-batched-tokens 2048
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 import torch
 
 from benchmarks.decode_roofline import free, use_gpu_dummy_weights
+from benchmarks.serve import sharegpt_like_lengths
 
 
 def workload(num: int, lo: int, hi: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
@@ -93,6 +97,8 @@ def main() -> None:
     ap.add_argument("--num", type=int, default=256)
     ap.add_argument("--input-len", type=int, default=None, help="every prompt this long (default: nano-vllm's)")
     ap.add_argument("--output-len", type=int, default=None)
+    ap.add_argument("--sharegpt", action="store_true", help="serve.py's synthetic ShareGPT-like lengths")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
     ap.add_argument("--hf-num", type=int, default=0,
                     help="also run transformers, and Tessel again, on the first N of these requests")
     ap.add_argument("--hf-max-time", type=float, default=120.0, help="stop transformers after this many s")
@@ -107,9 +113,14 @@ def main() -> None:
         prompts = [(p * (fixed_in // len(p) + 1))[:fixed_in] for p in prompts]
         outputs = [fixed_out] * args.num
         lengths = f"{fixed_in} in / {fixed_out} out"
-    kw = dict(max_model_len=4096, max_num_seqs=256, max_num_batched_tokens=16384)
+    if args.sharegpt:
+        pairs = sharegpt_like_lengths(args.num, seed=0)
+        prompts = [(p * (n // len(p) + 1))[:n] for p, (n, _) in zip(prompts, pairs, strict=True)]
+        outputs = [m for _, m in pairs]
+        lengths = "ShareGPT-like lengths (serve.py's)"
+    kw = dict(max_model_len=4096, max_num_seqs=256, max_num_batched_tokens=args.max_num_batched_tokens)
     r = run(args.model, prompts, outputs, **kw)
-    print(f"Tessel: {r['tok_s']:.0f} output tok/s", flush=True)
+    print(f"Tessel: {r['tok_s']:.0f} output tok/s, {args.num / r['seconds']:.1f} req/s", flush=True)
     subset = []
     if args.hf_num:
         n = args.hf_num

@@ -81,6 +81,16 @@ def test_prefill_matches_reference(device: str, heads: tuple[int, int, int], cas
     torch.testing.assert_close(out.float().cpu(), _expected(q, kc, vc, md, d**-0.5), **_tol(dtype))
 
 
+def test_prefill_rows_span_query_heads_of_odd_groups(device: str) -> None:
+    """A block's rows are (token, query head) pairs: with 7 query heads per KV head (Qwen2's
+    14/2) a row block ends mid-token and a decode row's heads straddle blocks."""
+    dtype = _dtype(device, torch.float32)
+    q, kc, vc, md = make_batch([45, 1, 40, 51], [40, 1, 17, 2], num_q_heads=14, num_kv_heads=2,
+                               head_dim=64, block_size=16, dtype=dtype, device=device)
+    out = paged_prefill(q, kc, vc, md, 0.125)
+    torch.testing.assert_close(out.float().cpu(), _expected(q, kc, vc, md, 0.125), **_tol(dtype))
+
+
 def test_paged_attention_reuses_one_plan_per_step(device: str) -> None:
     q, kc, vc, md = make_batch([3, 40], [1, 1], num_q_heads=4, num_kv_heads=2, head_dim=64,
                                block_size=16, dtype=_dtype(device, torch.float32), device=device)
