@@ -47,7 +47,7 @@ class LLM:
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
+            prompts = [prompts]  # type: ignore[list-item,assignment]
         params_list = _per_prompt(params, len(prompts))
         ids = [str(next(self._ids)) for _ in prompts]
         for rid, prompt, p in zip(ids, prompts, params_list, strict=True):

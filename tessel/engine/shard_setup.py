@@ -97,7 +97,7 @@ def build_shard(
     try:
         with torch.device(device):
             model = build_model(arch, max_model_len, tp, quant)
-        model.load_weights(drop_zero_points(weights()) if quant else weights())
+        model.load_weights(drop_zero_points(weights()) if quant else weights())  # type: ignore[operator]
         if quant is not None:  # on this rank's shard (row-parallel layers agree on their scales)
             quantize_model(model, quant, checkpoint.tokenizer)
     finally:
@@ -105,7 +105,7 @@ def build_shard(
     model.eval()
     if device.type == "cpu":
         keep_step_buffers_in_heap()
-        model.pack_cpu_weights()
+        model.pack_cpu_weights()  # type: ignore[operator]
     if group is not None:
         group.barrier()  # loading takes as long as it takes; the data group's timeout starts now
     per_block = kv_bytes_per_block(arch, config.cache.block_size, dtype, tp)

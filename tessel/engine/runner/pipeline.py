@@ -243,14 +243,14 @@ class StepPipeline:
             from tessel.engine.runner.model_runner import score_tokens
 
             for chunk in step.prompt_logprobs:
-                logits = self.model.compute_logits(hidden[chunk.rows]).float()
+                logits = self.model.compute_logits(hidden[chunk.rows]).float()  # type: ignore[operator]
                 prompt_lp[chunk.request_id] = (chunk.first_target, score_tokens(logits, chunk.targets, chunk.num_top))
         requests = [s.request for s in step.sampling]
         rows = {r.request_id: i for i, r in enumerate(requests)}
         if not requests:
             return InFlightStep(sched, step, rows, None, None, None, None, prompt_lp, timing, ev)
         indices = step.buffers.device_view("logits_indices")
-        logits = self.model.compute_logits(hidden.index_select(0, indices)).float()
+        logits = self.model.compute_logits(hidden.index_select(0, indices)).float()  # type: ignore[operator]
         meta = SamplingMetadata.build(requests, self.arch.vocab_size, self.device)
         tokens, raw_lp = self.sampler.sample_on_device(logits, meta)
         if self.channel is not None:

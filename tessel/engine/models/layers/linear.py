@@ -197,10 +197,10 @@ def pack_cpu_weights(modules: list[nn.Module]) -> int:
     count = 0
     for root in modules:
         for m in root.modules():
-            is_head = m is root and isinstance(m, VocabParallelEmbedding)
-            is_plain = isinstance(m, (ColumnParallelLinear, RowParallelLinear)) and m.method is UNQUANTIZED
-            if is_plain or is_head:
-                m.packed = cpu_linear.pack(m.weight)
+            plain = isinstance(m, (ColumnParallelLinear, RowParallelLinear)) and m.method is UNQUANTIZED
+            if plain or (m is root and isinstance(m, VocabParallelEmbedding)):
+                assert isinstance(m, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding))
+                m.packed = cpu_linear.pack(m.get_parameter("weight"))
                 count += m.packed is not None
     return count
 

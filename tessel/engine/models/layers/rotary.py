@@ -32,6 +32,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> t
 
 
 class RotaryEmbedding(nn.Module):
+    cos_sin_cache: torch.Tensor
+
     def __init__(
         self, head_dim: int, max_positions: int, theta: float, scaling: RopeScaling | None
     ) -> None:
