@@ -147,8 +147,10 @@ async def send(
 
 async def run_load(
     args: argparse.Namespace, prompts: list[Any], output_lens: list[int] | None = None
-) -> tuple[list[RequestResult], float]:
-    """Send every prompt: Poisson arrivals at ``request_rate``, at most ``max_concurrency`` open."""
+) -> tuple[list[RequestResult], float, float]:
+    """Send every prompt: Poisson arrivals at ``request_rate``, at most ``max_concurrency`` open.
+    Returns the results, the wall seconds and this client's CPU seconds over the run (a client
+    near one CPU second per second is itself the bottleneck, not the server)."""
     path = "/v1/chat/completions" if args.endpoint == "chat" else "/v1/completions"
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     limit = args.max_concurrency or len(prompts)
@@ -164,14 +166,14 @@ async def run_load(
                 n = len(prompt) if isinstance(prompt, list) else len(prompt.split())
                 return await send(client, path, request_body(args, prompt, max_tokens), n)
 
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         tasks = []
         for i, prompt in enumerate(prompts):
             tasks.append(asyncio.create_task(one(prompt, output_lens[i] if output_lens else None)))
             if args.request_rate != float("inf"):
                 await asyncio.sleep(rng.expovariate(args.request_rate))
         results = await asyncio.gather(*tasks)
-    return list(results), time.perf_counter() - start
+    return list(results), time.perf_counter() - start, time.process_time() - cpu_start
 
 
 def describe(values: list[float], scale: float = 1000.0) -> dict[str, float]:
@@ -187,7 +189,7 @@ def describe(values: list[float], scale: float = 1000.0) -> dict[str, float]:
 
 
 def summarize(
-    results: list[RequestResult], duration: float, slo_ms: dict[str, float]
+    results: list[RequestResult], duration: float, slo_ms: dict[str, float], client_cpu_s: float | None = None
 ) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
     output = sum(r.output_tokens for r in ok)
@@ -212,6 +214,7 @@ def summarize(
         "tpot_ms": describe([r.tpot for r in ok if r.output_tokens > 1]),
         "itl_ms": describe([gap for r in ok for gap in r.itl]),
         "e2el_ms": describe([r.latency for r in ok]),
+        "client_cpu_share": None if client_cpu_s is None else client_cpu_s / duration,
     }
 
 
@@ -229,6 +232,8 @@ def print_summary(s: dict[str, Any]) -> None:
             f"{key[:-3].upper():>6} {row['mean']:9.1f} "
             + " ".join(f"{row[f'p{p}']:9.1f}" for p in PERCENTILES)
         )
+    if s.get("client_cpu_share") is not None:
+        print(f"client CPU {s['client_cpu_share']:.0%} of one core over the run")
     for error in s["errors"]:
         print("error:", error)
 
@@ -337,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             prompts = make_prompts(
                 args.num_prompts, args.input_len, args.range_ratio, args.seed, as_text
             )
-        results, duration = asyncio.run(run_load(args, prompts, output_lens))
+        results, duration, client_cpu = asyncio.run(run_load(args, prompts, output_lens))
         slo = {
             k: v
             for k, v in (
@@ -349,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         report = {
             "args": {k: v for k, v in vars(args).items() if k != "api_key"},
-            **summarize(results, duration, slo),
+            **summarize(results, duration, slo, client_cpu),
             "requests": [asdict(r) | {"text": ""} for r in results],
         }
         print_summary(report)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -56,6 +57,11 @@ class TesselServer:
             time.sleep(0.5)
         raise RuntimeError("tessel serve not ready after 300 s")
 
+    def cpu_seconds(self) -> float:
+        """CPU time the server process has used so far, all its threads (Linux /proc)."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
     def __exit__(self, *exc: object) -> None:
         self.process.send_signal(signal.SIGINT)
         try:
@@ -86,12 +92,17 @@ def overhead(args: argparse.Namespace) -> dict[str, Any]:
         asyncio.run(run_load(args, warm))
         args.output_len = output_len
         for _ in range(args.rounds):
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             outs = llm.generate(prompts, params)
-            offline_s = time.perf_counter() - start
-            results, duration = asyncio.run(run_load(args, prompts))
+            offline_s, offline_cpu = time.perf_counter() - start, time.process_time() - cpu_start
+            server_cpu = server.cpu_seconds()
+            results, duration, client_cpu = asyncio.run(run_load(args, prompts))
+            server_cpu = server.cpu_seconds() - server_cpu
             offline_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-            http = summarize(results, duration, {})
+            http = summarize(results, duration, {}, client_cpu)
+            http_tokens = sum(r.output_tokens for r in results if r.ok)
+            http["server_cpu_us_per_token"] = 1e6 * server_cpu / max(http_tokens, 1)
+            http["chunks_per_token"] = sum(len(r.itl) + 1 for r in results if r.ok) / max(http_tokens, 1)
             same = sum(r.text == o.outputs[0].text for r, o in zip(results, outs, strict=True))
             rounds.append(
                 {
@@ -99,6 +110,7 @@ def overhead(args: argparse.Namespace) -> dict[str, Any]:
                     "offline": {
                         "duration_s": offline_s,
                         "output_throughput": offline_tokens / offline_s,
+                        "cpu_us_per_token": 1e6 * offline_cpu / offline_tokens,
                     },
                     "ratio": http["output_throughput"] / (offline_tokens / offline_s),
                     "identical_texts": same,
@@ -108,6 +120,9 @@ def overhead(args: argparse.Namespace) -> dict[str, Any]:
             print(
                 f"offline: {offline_tokens / offline_s:.1f} tok/s   HTTP/offline {rounds[-1]['ratio']:.1%}   "
                 f"identical greedy texts {same}/{len(prompts)}\n"
+                f"CPU us per output token: server {http['server_cpu_us_per_token']:.0f}, "
+                f"offline engine {rounds[-1]['offline']['cpu_us_per_token']:.0f}; "
+                f"SSE chunks per token {http['chunks_per_token']:.2f}\n"
             )
     best_http = max(r["http"]["output_throughput"] for r in rounds)
     best_offline = max(r["offline"]["output_throughput"] for r in rounds)
