@@ -175,8 +175,9 @@ class ServerMetrics:
         if m.first_token_time is not None:
             self.ttft.labels(name).observe(max(0.0, m.first_token_time - m.arrival_time))
         times = sorted(set(m.token_times))  # n > 1: the choices of one step share a timestamp
+        itl = self.itl.labels(name)  # one lookup, not one per token
         for earlier, later in zip(times, times[1:], strict=False):
-            self.itl.labels(name).observe(max(0.0, later - earlier))
+            itl.observe(max(0.0, later - earlier))
         if len(times) > 1:
             self.tpot.labels(name).observe(max(0.0, (times[-1] - times[0]) / (len(times) - 1)))
         end = m.finished_time if m.finished_time is not None else (times[-1] if times else None)
