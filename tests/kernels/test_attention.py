@@ -65,9 +65,10 @@ PREFILL_CASES = {
 }
 
 
+@pytest.mark.parametrize("pack_gqa", [False, True], ids=["per-head", "gqa-packed"])
 @pytest.mark.parametrize("case", list(PREFILL_CASES))
 @pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"q{h[0]}kv{h[1]}d{h[2]}")
-def test_prefill_matches_reference(device: str, heads: tuple[int, int, int], case: str) -> None:
+def test_prefill_matches_reference(device: str, heads: tuple[int, int, int], case: str, pack_gqa: bool) -> None:
     hq, hkv, d = heads
     if device == "cpu" and (hq, case) == (8, "prefill") and hkv == 1:
         pytest.skip("covered by the other CPU cases; keeps the interpreter suite short")
@@ -77,17 +78,18 @@ def test_prefill_matches_reference(device: str, heads: tuple[int, int, int], cas
         seq_lens, q_lens = [s * 9 + 1 for s in seq_lens], [q * 9 + 1 for q in q_lens]
     q, kc, vc, md = make_batch(seq_lens, q_lens, num_q_heads=hq, num_kv_heads=hkv,
                                head_dim=d, block_size=16, dtype=dtype, device=device)
-    out = paged_prefill(q, kc, vc, md, d**-0.5)
+    out = paged_prefill(q, kc, vc, md, d**-0.5, pack_gqa=pack_gqa)
     torch.testing.assert_close(out.float().cpu(), _expected(q, kc, vc, md, d**-0.5), **_tol(dtype))
 
 
-def test_prefill_rows_span_query_heads_of_odd_groups(device: str) -> None:
-    """A block's rows are (token, query head) pairs: with 7 query heads per KV head (Qwen2's
-    14/2) a row block ends mid-token and a decode row's heads straddle blocks."""
+@pytest.mark.parametrize("pack_gqa", [False, True], ids=["per-head", "gqa-packed"])
+def test_prefill_rows_span_query_heads_of_odd_groups(device: str, pack_gqa: bool) -> None:
+    """Packed, a block's rows are (token, query head) pairs: with 7 query heads per KV head
+    (Qwen2's 14/2) a row block ends mid-token and a decode row's heads straddle blocks."""
     dtype = _dtype(device, torch.float32)
     q, kc, vc, md = make_batch([45, 1, 40, 51], [40, 1, 17, 2], num_q_heads=14, num_kv_heads=2,
                                head_dim=64, block_size=16, dtype=dtype, device=device)
-    out = paged_prefill(q, kc, vc, md, 0.125)
+    out = paged_prefill(q, kc, vc, md, 0.125, pack_gqa=pack_gqa)
     torch.testing.assert_close(out.float().cpu(), _expected(q, kc, vc, md, 0.125), **_tol(dtype))
 
 

@@ -3,10 +3,17 @@
 Covers full prefill, chunked prefill and prefix-cache hits in one kernel: request ``b``'s
 new queries are the last ``q_len`` of its ``seq_len`` positions, and they attend causally to
 everything before them in the cache (``store_kv`` has written the new tokens' K/V already).
-Grid: (query blocks, requests, query heads); programs past a request's queries exit.
+Grid: (row blocks, requests, heads); programs past a request's rows exit. A block's rows are one
+query head's tokens, or with ``pack_gqa`` the (token, query head) pairs of one KV head,
+token-major: then the GROUP query heads that share a KV head read its keys and values once, and
+a decode row in a mixed step (one token, GROUP rows) costs one pass over its context per KV head
+rather than one per query head. Off by default until it is shown faster on a GPU
+(``benchmarks/attention_mixed.py``).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -52,7 +59,10 @@ def _attend_block(
     return acc, l_i, m_new
 
 
-@triton.autotune(configs=_prefill_configs(), key=["HEAD_DIM", "GROUP", "PAGE"])
+PACK_GQA_BY_DEFAULT = os.environ.get("TESSEL_PREFILL_PACK_GQA", "0") == "1"
+
+
+@triton.autotune(configs=_prefill_configs(), key=["HEAD_DIM", "GROUP", "PAGE", "ROWS"])
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, qsl_ptr, seq_lens_ptr, block_tables_ptr,
@@ -60,25 +70,30 @@ def _prefill_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, PAGE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
+    # ROWS rows per token: 1 (program pid_h is a query head) or GROUP (pid_h is a KV head and
+    # the rows are its query heads' (token, head) pairs)
     pid_m = tl.program_id(0)
     req = tl.program_id(1)
-    head = tl.program_id(2)
+    pid_h = tl.program_id(2)
+    kvh = pid_h // (GROUP // ROWS)
+    first_head = pid_h * ROWS
     q_start = tl.load(qsl_ptr + req)
     q_len = tl.load(qsl_ptr + req + 1) - q_start
-    if pid_m * BLOCK_M < q_len:
+    if pid_m * BLOCK_M < q_len * ROWS:
         seq_len = tl.load(seq_lens_ptr + req)
         ctx = seq_len - q_len  # cached prefix before the first new token
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, HEAD_DIM)
-        m_valid = offs_m < q_len
-        rows = (q_start + offs_m).to(tl.int64)
-        q = tl.load(q_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+        m_valid = offs_m < q_len * ROWS
+        tok = offs_m // ROWS
+        rows = (q_start + tok).to(tl.int64)
+        heads = first_head + offs_m % ROWS
+        q = tl.load(q_ptr + rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                     mask=m_valid[:, None], other=0.0).to(k_ptr.dtype.element_ty)
-        q_pos = ctx + offs_m
-        kvh = head // GROUP
+        q_pos = ctx + tok
         table = block_tables_ptr + req.to(tl.int64) * stride_bt
         k_base = k_ptr + kvh * stride_kh + offs_d[None, :]
         v_base = v_ptr + kvh * stride_vh + offs_d[None, :]
@@ -86,21 +101,21 @@ def _prefill_kernel(
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         # Keys every query row of the block sees: no mask needed.
-        full_end = (ctx + pid_m * BLOCK_M) // BLOCK_N * BLOCK_N
+        full_end = (ctx + pid_m * BLOCK_M // ROWS) // BLOCK_N * BLOCK_N
         for n0 in range(0, full_end, BLOCK_N):
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, q_pos, n0, full_end, table, k_base, v_base,
                 stride_kb, stride_ks, stride_vb, stride_vs, qk_scale, offs_n,
                 PAGE=PAGE, CAUSAL=False, DOT_PRECISION=DOT_PRECISION)
         # The diagonal: keys up to the block's last query position.
-        kv_end = tl.minimum(seq_len, ctx + (pid_m + 1) * BLOCK_M)
+        kv_end = tl.minimum(seq_len, ctx + ((pid_m + 1) * BLOCK_M - 1) // ROWS + 1)
         for n0 in range(full_end, kv_end, BLOCK_N):
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, q_pos, n0, kv_end, table, k_base, v_base,
                 stride_kb, stride_ks, stride_vb, stride_vs, qk_scale, offs_n,
                 PAGE=PAGE, CAUSAL=True, DOT_PRECISION=DOT_PRECISION)
         acc = acc / l_i[:, None]
-        o_ptr = out_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
+        o_ptr = out_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptr, acc.to(out_ptr.dtype.element_ty), mask=m_valid[:, None])
 
 
@@ -111,8 +126,10 @@ def paged_prefill(
     md: AttentionMetadata,
     scale: float,
     out: torch.Tensor | None = None,
+    pack_gqa: bool | None = None,
 ) -> torch.Tensor:
-    """Causal attention of every new token over its request's paged context: [T, Hq, D]."""
+    """Causal attention of every new token over its request's paged context: [T, Hq, D].
+    ``pack_gqa``: the row layout (see the module's docstring); None takes the default."""
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
     check_tensor("k_cache", k_cache, ndim=4, dtypes=FLOAT_DTYPES, device=q.device)
     check_tensor("v_cache", v_cache, ndim=4, dtypes=(k_cache.dtype,), device=q.device)
@@ -128,13 +145,16 @@ def paged_prefill(
     check_shape("block_tables", tables, (md.batch_size, None))
     if out is None:
         out = torch.empty_like(q)
-    grid = lambda meta: (triton.cdiv(md.max_query_len, meta["BLOCK_M"]), md.batch_size, num_q_heads)  # noqa: E731
+    group = num_q_heads // num_kv_heads
+    pack = PACK_GQA_BY_DEFAULT if pack_gqa is None else pack_gqa
+    rows, heads = (group, num_kv_heads) if pack else (1, num_q_heads)
+    grid = lambda meta: (triton.cdiv(md.max_query_len * rows, meta["BLOCK_M"]), md.batch_size, heads)  # noqa: E731
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, qsl, seq_lens, tables, scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), tables.stride(0),
-        HEAD_DIM=head_dim, GROUP=num_q_heads // num_kv_heads, PAGE=page,
+        HEAD_DIM=head_dim, GROUP=group, PAGE=page, ROWS=rows,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
     return out
