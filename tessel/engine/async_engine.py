@@ -23,7 +23,12 @@ from tessel.config.settings import EngineConfig
 from tessel.engine.core import EngineCore
 from tessel.engine.distributed.group import TensorParallelError
 from tessel.engine.engine_setup import build_engine_parts
-from tessel.engine.request import CompletionOutput, RequestOutput
+from tessel.engine.request import (
+    CompletionOutput,
+    RequestOutput,
+    accumulate_output,
+    empty_output_like,
+)
 from tessel.engine.sampling_params import SamplingParams
 from tessel.engine.stats import EngineStats
 
@@ -42,6 +47,23 @@ class EngineDeadError(RuntimeError):
 class _Stream:
     queue: asyncio.Queue[RequestOutput | BaseException] = field(default_factory=asyncio.Queue)
     admitted: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+def _coalesce(
+    first: RequestOutput, queue: asyncio.Queue[RequestOutput | BaseException]
+) -> tuple[RequestOutput, BaseException | None]:
+    """Merge the deltas already waiting behind ``first`` into one (and return an error that
+    follows them). A stream falls behind only when the event loop is slower than the steps;
+    sending what has piled up as one chunk then costs its per-chunk work (JSON, SSE framing,
+    a socket write) once instead of once per token, so a loaded server catches up."""
+    merged = empty_output_like(first)
+    accumulate_output(merged, first)
+    while not merged.finished and not queue.empty():
+        item = queue.get_nowait()
+        if isinstance(item, BaseException):
+            return merged, item
+        accumulate_output(merged, item)
+    return merged, None
 
 
 def _aborted(request_id: str) -> RequestOutput:
@@ -174,11 +196,16 @@ class AsyncEngine:
             await stream.admitted  # raises the engine's ValueError for a prompt it cannot serve
             while not finished:
                 item = await stream.queue.get()
+                error = None
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
-                finished = item.finished
+                if not item.finished and not stream.queue.empty():
+                    item, error = _coalesce(item, stream.queue)
+                finished = item.finished or error is not None
                 yield item
+                if error is not None:
+                    raise error
         finally:
             self._streams.pop(request_id, None)
             if not finished:

@@ -10,7 +10,7 @@ from tqdm import tqdm
 from tessel.config.settings import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from tessel.engine.core import EngineCore
 from tessel.engine.engine_setup import build_engine_parts
-from tessel.engine.request import CompletionOutput, RequestOutput
+from tessel.engine.request import RequestOutput, accumulate_output, empty_output_like
 from tessel.engine.sampling_params import SamplingParams
 
 Prompt = str | list[int]
@@ -56,8 +56,8 @@ class LLM:
         with tqdm(total=len(ids), disable=not use_tqdm, desc="generate") as bar:
             while self.core.has_unfinished():
                 for out in self.core.step():
-                    merged = final.setdefault(out.request_id, _empty_like(out))
-                    _accumulate(merged, out)
+                    merged = final.setdefault(out.request_id, empty_output_like(out))
+                    accumulate_output(merged, out)
                     if out.finished:
                         bar.update(1)
         return [final[rid] for rid in ids]
@@ -92,34 +92,3 @@ def _per_prompt(params: SamplingParams | Sequence[SamplingParams] | None, n: int
     if len(params) != n:
         raise ValueError(f"got {len(params)} SamplingParams for {n} prompts")
     return list(params)
-
-
-def _empty_like(out: RequestOutput) -> RequestOutput:
-    return RequestOutput(
-        request_id=out.request_id,
-        prompt_token_ids=out.prompt_token_ids,
-        outputs=[],
-        finished=False,
-        prompt=out.prompt,
-        prompt_logprobs=out.prompt_logprobs,
-        num_cached_tokens=out.num_cached_tokens,
-        metrics=out.metrics,
-    )
-
-
-def _accumulate(total: RequestOutput, delta: RequestOutput) -> None:
-    """Fold a step's deltas into the whole output, choice by choice (sorted by index)."""
-    by_index = {c.index: c for c in total.outputs}
-    for d in delta.outputs:
-        c = by_index.get(d.index)
-        if c is None:
-            c = by_index[d.index] = CompletionOutput(d.index, "", [], logprobs=None if d.logprobs is None else [])
-        c.text += d.text
-        c.token_ids.extend(d.token_ids)
-        if d.logprobs is not None:
-            c.logprobs = (c.logprobs or []) + d.logprobs
-        c.finish_reason, c.stop_reason = d.finish_reason, d.stop_reason
-    total.outputs = [by_index[i] for i in sorted(by_index)]
-    total.finished = delta.finished
-    if delta.prompt_logprobs is not None:
-        total.prompt_logprobs = delta.prompt_logprobs

@@ -132,3 +132,36 @@ class RequestOutput:
     prompt_logprobs: list[Logprob | None] | None = None
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
+
+
+def empty_output_like(out: RequestOutput) -> RequestOutput:
+    """A request's output with no choices yet, to fold deltas into."""
+    return RequestOutput(
+        request_id=out.request_id,
+        prompt_token_ids=out.prompt_token_ids,
+        outputs=[],
+        finished=False,
+        prompt=out.prompt,
+        prompt_logprobs=out.prompt_logprobs,
+        num_cached_tokens=out.num_cached_tokens,
+        metrics=out.metrics,
+    )
+
+
+def accumulate_output(total: RequestOutput, delta: RequestOutput) -> None:
+    """Fold a later delta into ``total``, choice by choice (sorted by index); the delta's own
+    objects are not changed."""
+    by_index = {c.index: c for c in total.outputs}
+    for d in delta.outputs:
+        c = by_index.get(d.index)
+        if c is None:
+            c = by_index[d.index] = CompletionOutput(d.index, "", [], logprobs=None if d.logprobs is None else [])
+        c.text += d.text
+        c.token_ids.extend(d.token_ids)
+        if d.logprobs is not None:
+            c.logprobs = (c.logprobs or []) + d.logprobs
+        c.finish_reason, c.stop_reason = d.finish_reason, d.stop_reason
+    total.outputs = [by_index[i] for i in sorted(by_index)]
+    total.finished = delta.finished
+    if delta.prompt_logprobs is not None:
+        total.prompt_logprobs = delta.prompt_logprobs

@@ -157,3 +157,28 @@ async def test_built_on_the_thread_that_steps_and_outputs_taken_between_steps(
         await engine.shutdown()
     assert stepped_on == set(built_on) and len(built_on) == 1
     assert undelivered and max(undelivered) == 0
+
+
+async def test_a_stream_that_falls_behind_gets_its_tokens_merged(tiny_dir: Path) -> None:
+    """Deltas that piled up while the consumer was busy arrive as one, with nothing lost:
+    the tokens, text and logprobs joined equal the offline engine's (logprobs to float rounding:
+    the block sizes differ)."""
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=1)
+    want = LLM(str(tiny_dir)).generate([PROMPTS[3]], params)[0].outputs[0]
+    engine = AsyncEngine.from_config(engine_config_from_kwargs(str(tiny_dir), block_size=4))
+    await engine.start()
+    try:
+        deltas = []
+        async for out in engine.generate(PROMPTS[3], params, "slow"):
+            deltas.append(out.outputs[0])
+            if len(deltas) == 2:
+                await asyncio.sleep(0.5)  # the engine runs on; this stream's queue fills
+        assert [t for d in deltas for t in d.token_ids] == want.token_ids
+        assert "".join(d.text for d in deltas) == want.text
+        got = [lp for d in deltas for lp in d.logprobs or []]
+        assert [lp.token_id for lp in got] == [lp.token_id for lp in want.logprobs or []]
+        assert [lp.logprob for lp in got] == pytest.approx([lp.logprob for lp in want.logprobs or []], abs=1e-5)
+        assert deltas[-1].finish_reason == "length" and len(deltas) < len(want.token_ids)
+        assert engine.stats().kv_blocks_used == 0
+    finally:
+        await engine.shutdown()
