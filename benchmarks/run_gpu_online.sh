@@ -2,7 +2,8 @@
 # Issue 5's online benchmark in one device call: Llama-3.1-8B shape (random bf16 weights)
 # behind `tessel serve`, ShareGPT-like synthetic lengths, QPS 4, 16 and inf; table last.
 # Usage on the GPU machine, from the repo root: bash benchmarks/run_gpu_online.sh
-# Env: SERVER_ARGS (extra `tessel serve` flags), QPS (default "4 16 inf"), TAG (result-name suffix).
+# Env: SERVER_ARGS (extra `tessel serve` flags), QPS (default "4 16 inf"), TAG (result-name suffix);
+# the server inherits the rest, e.g. TESSEL_STREAM_COALESCE=1 or TESSEL_PREFILL_PACK_GQA=1.
 set -uo pipefail
 source benchmarks/gpu_env.sh
 # The device image has no httpx for the client; its wheels are carried in .whl/extra.

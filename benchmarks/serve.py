@@ -215,6 +215,8 @@ def summarize(
         "itl_ms": describe([gap for r in ok for gap in r.itl]),
         "e2el_ms": describe([r.latency for r in ok]),
         "client_cpu_share": None if client_cpu_s is None else client_cpu_s / duration,
+        # below 1 when the server merges a lagging stream's tokens into fewer SSE chunks
+        "chunks_per_token": sum(len(r.itl) + 1 for r in ok) / max(output, 1),
     }
 
 
@@ -233,7 +235,8 @@ def print_summary(s: dict[str, Any]) -> None:
             + " ".join(f"{row[f'p{p}']:9.1f}" for p in PERCENTILES)
         )
     if s.get("client_cpu_share") is not None:
-        print(f"client CPU {s['client_cpu_share']:.0%} of one core over the run")
+        print(f"client CPU {s['client_cpu_share']:.0%} of one core over the run; "
+              f"SSE chunks per output token {s['chunks_per_token']:.2f}")
     for error in s["errors"]:
         print("error:", error)
 

@@ -102,7 +102,6 @@ def overhead(args: argparse.Namespace) -> dict[str, Any]:
             http = summarize(results, duration, {}, client_cpu)
             http_tokens = sum(r.output_tokens for r in results if r.ok)
             http["server_cpu_us_per_token"] = 1e6 * server_cpu / max(http_tokens, 1)
-            http["chunks_per_token"] = sum(len(r.itl) + 1 for r in results if r.ok) / max(http_tokens, 1)
             same = sum(r.text == o.outputs[0].text for r, o in zip(results, outs, strict=True))
             rounds.append(
                 {
@@ -121,8 +120,7 @@ def overhead(args: argparse.Namespace) -> dict[str, Any]:
                 f"offline: {offline_tokens / offline_s:.1f} tok/s   HTTP/offline {rounds[-1]['ratio']:.1%}   "
                 f"identical greedy texts {same}/{len(prompts)}\n"
                 f"CPU us per output token: server {http['server_cpu_us_per_token']:.0f}, "
-                f"offline engine {rounds[-1]['offline']['cpu_us_per_token']:.0f}; "
-                f"SSE chunks per token {http['chunks_per_token']:.2f}\n"
+                f"offline engine {rounds[-1]['offline']['cpu_us_per_token']:.0f}\n"
             )
     best_http = max(r["http"]["output_throughput"] for r in rounds)
     best_offline = max(r["offline"]["output_throughput"] for r in rounds)

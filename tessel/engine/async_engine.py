@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -75,6 +76,9 @@ def _aborted(request_id: str) -> RequestOutput:
 # How long the loop waits, at most, for the streams to take a step's outputs before the next
 # step (CPU only): a stalled consumer must not stall the engine.
 _DELIVERY_WAIT_S = 0.005
+# Merging a lagging stream's waiting deltas into one chunk (_coalesce): off until a GPU A/B
+# shows it helps (on the CPU the streams drain between steps, so nothing piles up to merge).
+COALESCE_BY_DEFAULT = os.environ.get("TESSEL_STREAM_COALESCE", "0") == "1"
 
 
 def _step_executor() -> ThreadPoolExecutor:
@@ -96,6 +100,7 @@ class AsyncEngine:
         # streams take each step's outputs before the next step starts. On a GPU the step
         # mostly waits on the device, and the overlap is what hides the network work.
         self.deliver_between_steps = deliver_between_steps
+        self.coalesce = COALESCE_BY_DEFAULT
         self.tokenizer = core.tokenizer
         self.model_name = model_name
         self.max_model_len = core.max_model_len
@@ -200,7 +205,7 @@ class AsyncEngine:
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
-                if not item.finished and not stream.queue.empty():
+                if self.coalesce and not item.finished and not stream.queue.empty():
                     item, error = _coalesce(item, stream.queue)
                 finished = item.finished or error is not None
                 yield item

@@ -166,6 +166,7 @@ async def test_a_stream_that_falls_behind_gets_its_tokens_merged(tiny_dir: Path)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=1)
     want = LLM(str(tiny_dir)).generate([PROMPTS[3]], params)[0].outputs[0]
     engine = AsyncEngine.from_config(engine_config_from_kwargs(str(tiny_dir), block_size=4))
+    engine.coalesce = True  # TESSEL_STREAM_COALESCE=1
     await engine.start()
     try:
         deltas = []
