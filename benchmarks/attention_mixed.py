@@ -20,12 +20,12 @@ import argparse
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import torch
 import triton
 
+from benchmarks.report import emit
 from tessel.kernels.attention.decode import DecodeConfig, build_decode_plan, paged_decode
 from tessel.kernels.attention.metadata import AttentionMetadata
 from tessel.kernels.attention.prefill import paged_prefill
@@ -135,10 +135,7 @@ def main() -> None:
         best = min(ms.values())
         lines.append(f"| {name} | {kv_mb:.0f} | " + " | ".join(cells) + f" | {ms['per query head'] / best:.2f}x | {diff:.1e} |")
         print(lines[-1], flush=True)
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        Path(args.out).write_text(report + "\n")
+    emit(lines, args.out)
 
 
 if __name__ == "__main__":

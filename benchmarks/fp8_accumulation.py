@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 from functools import partial
-from pathlib import Path
 
 import torch
 import triton
 
 from benchmarks.quant import SHAPES, bench_ms, operands
+from benchmarks.report import emit
 from tessel.kernels.quant import gemm
 from tessel.kernels.quant import reference as ref
 
@@ -47,10 +47,7 @@ def main() -> None:
                 cells.append(f"{times[setting]:.1f} / {err:.1e}")
             lines.append(f"| {name} | {m} | " + " | ".join(cells) + f" | {times[128] / times[None]:.2f} |")
             print(lines[-1], flush=True)
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        Path(args.out).write_text(report + "\n")
+    emit(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import itertools
 from functools import partial
-from pathlib import Path
 
 import torch
 import triton
 
 from benchmarks.quant import SHAPES, bench_ms, operands
+from benchmarks.report import emit
 from tessel.kernels.quant import gemm, gemm_configs
 
 MS = (16, 64)
@@ -70,10 +70,7 @@ def main() -> None:
                      f"{best_us:.1f} | {best} | {bf16 / best_us:.2f}x | {tuned / best_us:.2f}x |")
         print(lines[-1], flush=True)
     lines.append(f"\ncopy bandwidth (read+write) {copy / 1e12:.2f} TB/s; roofline = the weight read once at it")
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        Path(args.out).write_text(report + "\n")
+    emit(lines, args.out)
 
 
 if __name__ == "__main__":

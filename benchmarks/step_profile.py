@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.decode_roofline import use_gpu_dummy_weights
+from benchmarks.report import emit
 from benchmarks.serve import sharegpt_like_lengths
 from benchmarks.throughput import workload
 
@@ -92,10 +92,7 @@ def main() -> None:
         lines += ["", "| top host ops (self CPU) | calls | CPU ms |", "|---|---|---|"]
         for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]:
             lines.append(f"| {e.key[:70]} | {e.count} | {e.self_cpu_time_total / 1e3:.2f} |")
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        Path(args.out).write_text(report + "\n")
+    emit(lines, args.out)
 
 
 if __name__ == "__main__":
