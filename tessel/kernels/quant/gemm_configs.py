@@ -19,11 +19,14 @@ M_BUCKETS = (16, 32, 64, 128, 256, 512)
 SMALL_M = 64  # buckets up to here use the decode configs
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages); BLOCK_M is the bucket itself
-# Six of each: every config is a compile (~1 s) per dtype, paid once per process at start-up.
-_DECODE = [(16, 256, 4, 4), (32, 256, 4, 4), (64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 3), (128, 128, 8, 4)]
+# Eight of each: every config is a compile (~1 s) per dtype, paid once per process at start-up.
+# Chosen from benchmarks/quant_sweep.py on an H200 (results/quant_sweep_h200.md), timed from CUDA
+# graphs: the M = 64 winners need 5 stages to keep enough of the weight in flight.
+_DECODE = [(16, 256, 4, 5), (32, 128, 4, 5), (32, 256, 4, 5), (64, 128, 4, 3), (64, 256, 4, 5), (64, 256, 8, 5),
+           (128, 128, 4, 3), (128, 128, 8, 4)]
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
-_PREFILL = [(128, 128, 128, 8, 3), (128, 256, 128, 8, 3), (256, 128, 128, 8, 3), (128, 128, 128, 4, 4),
-            (64, 128, 128, 4, 4), (128, 64, 128, 4, 4)]
+_PREFILL = [(128, 128, 128, 8, 3), (128, 256, 128, 8, 3), (256, 128, 128, 8, 3), (128, 128, 128, 4, 3),
+            (64, 128, 128, 4, 4), (64, 128, 256, 4, 4), (64, 64, 128, 4, 4), (128, 64, 128, 4, 4)]
 DEFAULT = (32, 32, 64, 4, 2)  # untuned (tests, interpreter): (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
 
 
