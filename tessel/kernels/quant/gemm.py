@@ -12,6 +12,8 @@ every ``FP8_PROMOTE_K`` elements of K (DeepGEMM's choice of 128), for a few perc
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -106,6 +108,11 @@ def _vector(name: str, t: torch.Tensor, n: int, device: torch.device) -> torch.T
     return t.reshape(-1)
 
 
+@functools.cache
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
 def _launch(a, b, c, a_scale, b_scale, bias, raw: bool, config: triton.Config | None) -> None:  # type: ignore[no-untyped-def]
     m, k = a.shape
     n = b.shape[0]
@@ -117,6 +124,9 @@ def _launch(a, b, c, a_scale, b_scale, bias, raw: bool, config: triton.Config | 
     )
     args = (a, b, c, a_scale, b_scale, bias if bias is not None else b_scale, m, n, k,
             a.stride(0), b.stride(0), c.stride(0))
+    if config is None:
+        config = gemm_configs.pinned_config(_device_name(a.device), "int8" if a.dtype == torch.int8 else "fp8",
+                                            meta["M_BUCKET"], n, k)
     if config is None:
         grid = lambda cfg: (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)  # noqa: E731
         _tuned_kernel[grid](*args, **meta)

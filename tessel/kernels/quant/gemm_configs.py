@@ -30,6 +30,34 @@ _PREFILL = [(128, 128, 128, 8, 3), (128, 256, 128, 8, 3), (256, 128, 128, 8, 3),
 DEFAULT = (32, 32, 64, 4, 2)  # untuned (tests, interpreter): (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
 
 
+# Per-shape picks on the H200 (benchmarks/quant_sweep.py, CUDA-graph timed, weights cold in L2),
+# as vLLM ships per-device tile tables: the autotuner's own timing is a flushed, eager do_bench,
+# which ranks 10-60 us kernels partly by launch noise and lost up to 1.4x at M = 64.
+# (dtype, M bucket, N, K) -> (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
+_PINNED: dict[str, dict[tuple[str, int, int, int], tuple[int, int, int, int, int]]] = {"NVIDIA H200": {
+    ("int8", 64, 6144, 4096): (64, 64, 256, 4, 5), ("int8", 64, 4096, 4096): (64, 32, 256, 4, 5),
+    ("int8", 64, 28672, 4096): (64, 64, 128, 4, 3), ("int8", 64, 4096, 14336): (64, 32, 256, 4, 5),
+    ("int8", 256, 6144, 4096): (64, 64, 128, 4, 4), ("int8", 256, 4096, 4096): (64, 128, 256, 4, 4),
+    ("int8", 256, 28672, 4096): (128, 128, 128, 4, 3), ("int8", 256, 4096, 14336): (64, 128, 256, 4, 4),
+    ("fp8", 64, 6144, 4096): (64, 64, 256, 8, 5), ("fp8", 64, 4096, 4096): (64, 32, 256, 4, 5),
+    ("fp8", 64, 28672, 4096): (64, 64, 128, 4, 3), ("fp8", 64, 4096, 14336): (64, 32, 256, 4, 5),
+    ("fp8", 256, 6144, 4096): (64, 64, 128, 4, 4), ("fp8", 256, 4096, 4096): (64, 64, 128, 4, 4),
+    ("fp8", 256, 28672, 4096): (128, 128, 128, 4, 3), ("fp8", 256, 4096, 14336): (64, 64, 128, 4, 4),
+}}
+
+
+def pinned_config(device_name: str, dtype: str, bucket: int, n: int, k: int) -> triton.Config | None:
+    """The measured tile for this device and shape, or None (then the autotuner picks)."""
+    shape = _PINNED.get(device_name, {}).get((dtype, bucket, n, k))
+    return None if shape is None or not autotune_enabled() else _config(*shape, bucket <= SMALL_M)
+
+
+def pinned_configs() -> list[triton.Config]:
+    """Every distinct pinned tile (the GPU tests run each once)."""
+    shapes = {(key[1] <= SMALL_M, shape) for table in _PINNED.values() for key, shape in table.items()}
+    return [_config(*shape, small) for small, shape in sorted(shapes)]
+
+
 def m_bucket(m: int) -> int:
     """The smallest bucket >= m (the largest past 512)."""
     return next((b for b in M_BUCKETS if m <= b), M_BUCKETS[-1])
