@@ -127,7 +127,8 @@ def test_quantization_error_is_within_half_a_step() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("config", gemm_configs.all_configs() + gemm_configs.pinned_configs(), ids=str)
+@pytest.mark.parametrize("config", gemm_configs.all_configs()
+                         + [pytest.param(c, id=f"pinned{i}") for i, c in enumerate(gemm_configs.pinned_configs())])
 def test_every_tuning_config_is_correct(config: object) -> None:
     """Each config the autotuner or a pinned shape may pick, run directly on a ragged shape."""
     m, n, k = 37, 200, 1100

@@ -9,6 +9,7 @@ compute-bound: wide tiles, deep K steps for the int8/fp8 tensor cores.
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Any
 
 import triton
@@ -19,37 +20,31 @@ M_BUCKETS = (16, 32, 64, 128, 256, 512)
 SMALL_M = 64  # buckets up to here use the decode configs
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages); BLOCK_M is the bucket itself
-# Eight of each: every config is a compile (~1 s) per dtype, paid once per process at start-up.
-# Chosen from benchmarks/quant_sweep.py on an H200 (results/quant_sweep_h200.md), timed from CUDA
-# graphs: the M = 64 winners need 5 stages to keep enough of the weight in flight.
-_DECODE = [(16, 256, 4, 5), (32, 128, 4, 5), (32, 256, 4, 5), (64, 128, 4, 3), (64, 256, 4, 5), (64, 256, 8, 5),
-           (128, 128, 4, 3), (128, 128, 8, 4)]
+# Six of each: every config is a compile (~1 s) per dtype, paid once per process at start-up.
+_DECODE = [(16, 256, 4, 4), (32, 256, 4, 4), (64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 3), (128, 128, 8, 4)]
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
-_PREFILL = [(128, 128, 128, 8, 3), (128, 256, 128, 8, 3), (256, 128, 128, 8, 3), (128, 128, 128, 4, 3),
-            (64, 128, 128, 4, 4), (64, 128, 256, 4, 4), (64, 64, 128, 4, 4), (128, 64, 128, 4, 4)]
+_PREFILL = [(128, 128, 128, 8, 3), (128, 256, 128, 8, 3), (256, 128, 128, 8, 3), (128, 128, 128, 4, 4),
+            (64, 128, 128, 4, 4), (128, 64, 128, 4, 4)]
 DEFAULT = (32, 32, 64, 4, 2)  # untuned (tests, interpreter): (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
 
 
-# Per-shape picks on the H200 (benchmarks/quant_sweep.py, CUDA-graph timed, weights cold in L2),
-# as vLLM ships per-device tile tables: the autotuner's own timing is a flushed, eager do_bench,
-# which ranks 10-60 us kernels partly by launch noise and lost up to 1.4x at M = 64.
+# Per-shape picks on the H200 at M = 64 (benchmarks/quant_sweep.py, CUDA-graph timed, weights
+# cold in L2), as vLLM ships per-device tile tables: the autotuner's flushed, eager do_bench ranks
+# 10-40 us kernels partly by launch noise. TESSEL_W8A8_PINNED=0 leaves every shape to it.
 # (dtype, M bucket, N, K) -> (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
 _PINNED: dict[str, dict[tuple[str, int, int, int], tuple[int, int, int, int, int]]] = {"NVIDIA H200": {
     ("int8", 64, 6144, 4096): (64, 64, 256, 4, 5), ("int8", 64, 4096, 4096): (64, 32, 256, 4, 5),
     ("int8", 64, 28672, 4096): (64, 64, 128, 4, 3), ("int8", 64, 4096, 14336): (64, 32, 256, 4, 5),
-    ("int8", 256, 6144, 4096): (64, 64, 128, 4, 4), ("int8", 256, 4096, 4096): (64, 128, 256, 4, 4),
-    ("int8", 256, 28672, 4096): (128, 128, 128, 4, 3), ("int8", 256, 4096, 14336): (64, 128, 256, 4, 4),
     ("fp8", 64, 6144, 4096): (64, 64, 256, 8, 5), ("fp8", 64, 4096, 4096): (64, 32, 256, 4, 5),
     ("fp8", 64, 28672, 4096): (64, 64, 128, 4, 3), ("fp8", 64, 4096, 14336): (64, 32, 256, 4, 5),
-    ("fp8", 256, 6144, 4096): (64, 64, 128, 4, 4), ("fp8", 256, 4096, 4096): (64, 64, 128, 4, 4),
-    ("fp8", 256, 28672, 4096): (128, 128, 128, 4, 3), ("fp8", 256, 4096, 14336): (64, 64, 128, 4, 4),
 }}
+PINNED_ENABLED = os.environ.get("TESSEL_W8A8_PINNED", "1") == "1"
 
 
 def pinned_config(device_name: str, dtype: str, bucket: int, n: int, k: int) -> triton.Config | None:
     """The measured tile for this device and shape, or None (then the autotuner picks)."""
     shape = _PINNED.get(device_name, {}).get((dtype, bucket, n, k))
-    return None if shape is None or not autotune_enabled() else _config(*shape, bucket <= SMALL_M)
+    return None if shape is None or not (PINNED_ENABLED and autotune_enabled()) else _config(*shape, bucket <= SMALL_M)
 
 
 def pinned_configs() -> list[triton.Config]:
