@@ -63,7 +63,7 @@ def _native_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     return (
         q.dtype == k_cache.dtype == torch.float32
         and k_cache.is_contiguous()
-        and num_heads // num_kv_heads <= 16 and head_dim <= 256 and block_size <= 256
+        and num_heads <= 64 and head_dim <= 256 and block_size <= 256  # cpu_decode.c's MAX_*
         and cpu_native.decode_kernel() is not None
     )
 
