@@ -6,9 +6,9 @@
 # the server inherits the rest, e.g. TESSEL_STREAM_COALESCE=1 or TESSEL_PREFILL_PACK_GQA=1.
 set -uo pipefail
 source benchmarks/gpu_env.sh
-# The device image has no httpx for the client; its wheels are carried in .whl/extra.
-python3 -c "import httpx" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/extra/*.whl
-python3 -c "import httpx, tessel.server.app" || { echo "client or server imports fail (fastapi needs opentelemetry-api in .whl)"; exit 1; }
+# The device image has no aiohttp (the client) or httpx (the readiness checks); their wheels are carried in .whl/extra.
+python3 -c "import httpx, aiohttp" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/extra/*.whl
+python3 -c "import httpx, aiohttp, tessel.server.app" || { echo "client or server imports fail (fastapi needs opentelemetry-api in .whl)"; exit 1; }
 PORT=8011
 python3 benchmarks/serve_gpu_dummy.py --model Llama-3.1-8B --load-format dummy --port $PORT \
   --max-model-len 4096 --max-num-seqs 256 ${SERVER_ARGS:-} > "$OUT/server${TAG:-}.log" 2>&1 &
