@@ -33,10 +33,11 @@ def paged_attention(
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
     plan = _cpu_plan(md, q.device)
+    q = q.contiguous()  # the C kernel reads q's rows in place
     out = torch.empty_like(q)
     if plan.decode_rows is not None and _native_fits(q, k_cache):
-        tables, lens = plan.decode_tables, plan.decode_lens
-        out[plan.decode_rows] = cpu_native.paged_decode(q[plan.decode_rows], k_cache, v_cache, tables, lens, scale)
+        cpu_native.paged_decode(q, k_cache, v_cache, plan.decode_tables, plan.decode_lens, scale,
+                                rows=plan.decode_rows, out=out)
     else:
         for group in plan.decode:
             out[group.rows] = _decode(q[group.rows], k_cache, v_cache, group, scale)
@@ -127,10 +128,12 @@ class _CpuPlan:
         tables = md.block_tables.to(device=device, dtype=torch.long)
         bs = md.block_size
         decode = sorted((b for b in range(len(seq_lens)) if qsl[b + 1] - qsl[b] == 1), key=seq_lens.__getitem__)
-        # The C kernel reads the cache in place: one call for every decode row.
-        self.decode_rows = torch.tensor([qsl[b] for b in decode], device=device) if decode else None
-        self.decode_tables = tables[decode].contiguous()
-        self.decode_lens = torch.tensor([seq_lens[b] for b in decode], dtype=torch.long)
+        # The C kernel reads the cache and q/out in place, in one call for every decode row,
+        # longest first: its threads take requests as they free up, so the short ones fill the end.
+        longest_first = decode[::-1]
+        self.decode_rows = torch.tensor([qsl[b] for b in longest_first], dtype=torch.long) if decode else None
+        self.decode_tables = tables[longest_first].contiguous()
+        self.decode_lens = torch.tensor([seq_lens[b] for b in longest_first], dtype=torch.long)
         # The torch path pads; groups of similar lengths pad less.
         self.decode = [
             _DecodeRows([qsl[b] for b in group], [seq_lens[b] for b in group], tables[group], bs)

@@ -20,7 +20,7 @@
 
 typedef struct {
     const float *q, *k_cache, *v_cache;
-    const int64_t *block_tables, *seq_lens;
+    const int64_t *block_tables, *seq_lens, *rows;  /* rows: request b's row of q and out (NULL: b) */
     float *out;
     int batch, num_heads, num_kv_heads, head_dim, block_size, table_width, heads_per_unit;
     float scale;
@@ -50,7 +50,8 @@ static void attend_unit(const DecodeArgs *a, int unit) {
     const int64_t row_stride = (int64_t)a->num_kv_heads * d;  /* between tokens in a block */
     const int64_t *table = a->block_tables + (int64_t)b * a->table_width;
     float acc[MAX_HEADS][MAX_DIM], m[MAX_HEADS], l[MAX_HEADS], s[MAX_HEADS][MAX_BLOCK];
-    const float *q = a->q + ((int64_t)b * a->num_heads + (int64_t)h0 * group) * d;
+    const int64_t row = a->rows != NULL ? a->rows[b] : b;
+    const float *q = a->q + (row * a->num_heads + (int64_t)h0 * group) * d;
     for (int j = 0; j < nq; j++) {
         m[j] = -INFINITY;
         l[j] = 0.0f;
@@ -97,7 +98,7 @@ static void attend_unit(const DecodeArgs *a, int unit) {
             }
         }
     }
-    float *out = a->out + ((int64_t)b * a->num_heads + (int64_t)h0 * group) * d;
+    float *out = a->out + (row * a->num_heads + (int64_t)h0 * group) * d;
     for (int j = 0; j < nq; j++) {
         const float inv = l[j] > 0.0f ? 1.0f / l[j] : 0.0f;
         for (int i = 0; i < d; i++) out[j * d + i] = acc[j][i] * inv;
@@ -106,7 +107,7 @@ static void attend_unit(const DecodeArgs *a, int unit) {
 
 /* Returns 0 on success, a positive code when a shape is outside the kernel's limits. */
 int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
-                     const int64_t *block_tables, const int64_t *seq_lens, float *out,
+                     const int64_t *block_tables, const int64_t *seq_lens, const int64_t *rows, float *out,
                      int batch, int num_heads, int num_kv_heads, int head_dim, int block_size,
                      int table_width, float scale, int num_threads) {
     if (num_kv_heads <= 0 || num_heads % num_kv_heads || num_heads > MAX_HEADS) return 1;
@@ -115,7 +116,7 @@ int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
      * reads each cached row whole (all KV heads side by side) rather than one head's slice of
      * it, 1.5x faster at 64 decodes of the default model. Fewer requests: one KV head each. */
     const int heads_per_unit = batch >= 4 * num_threads ? num_kv_heads : 1;
-    const DecodeArgs a = {q, k_cache, v_cache, block_tables, seq_lens, out, batch, num_heads,
+    const DecodeArgs a = {q, k_cache, v_cache, block_tables, seq_lens, rows, out, batch, num_heads,
                           num_kv_heads, head_dim, block_size, table_width, heads_per_unit, scale};
     const int units = batch * (num_kv_heads / heads_per_unit);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)

@@ -91,7 +91,7 @@ def decode_kernel() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
         return None
     fn = lib.paged_decode_f32
     p, i = ctypes.c_void_p, ctypes.c_int
-    fn.argtypes = [p, p, p, p, p, p, i, i, i, i, i, i, ctypes.c_float, i]
+    fn.argtypes = [p, p, p, p, p, p, p, i, i, i, i, i, i, ctypes.c_float, i]
     fn.restype = i
     return fn
 
@@ -103,24 +103,39 @@ def paged_decode(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    rows: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query token per request: q [B, Hq, D] fp32 over its first ``seq_lens[b]`` cached
-    tokens; block_tables [B, W] and seq_lens [B] int64 -> [B, Hq, D]."""
+    tokens; block_tables [B, W] and seq_lens [B] int64 -> [B, Hq, D].
+
+    With ``rows`` (int64 [B]), request b's query is ``q[rows[b]]`` of a larger q [T, Hq, D] and its
+    output goes to ``out[rows[b]]`` (out required, q's shape): a mixed step's decode rows are
+    read and written in place, and the requests are taken in the order given."""
     fn = decode_kernel()
     if fn is None:
         raise RuntimeError("the CPU decode kernel is not available")
-    batch, num_heads, head_dim = q.shape
+    num_heads, head_dim = q.shape[1:]
+    batch = block_tables.shape[0]
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
     for name, t, dtype in (("q", q, torch.float32), ("k_cache", k_cache, torch.float32),
                            ("v_cache", v_cache, torch.float32), ("block_tables", block_tables, torch.int64),
                            ("seq_lens", seq_lens, torch.int64)):
         if t.dtype != dtype or not t.is_contiguous() or t.device.type != "cpu":
             raise ValueError(f"{name} must be a contiguous {dtype} CPU tensor, got {t.dtype} {tuple(t.stride())}")
-    if cache_dim != head_dim or v_cache.shape != k_cache.shape or block_tables.shape[0] != batch:
+    if rows is not None:
+        if rows.dtype != torch.int64 or not rows.is_contiguous() or rows.shape != (batch,) or out is None:
+            raise ValueError(f"rows must be a contiguous int64 [{batch}] tensor, with out given")
+    elif q.shape[0] != batch:
+        raise ValueError(f"q has {q.shape[0]} rows for {batch} requests; pass rows to pick them")
+    if cache_dim != head_dim or v_cache.shape != k_cache.shape or seq_lens.shape != (batch,):
         raise ValueError(f"shapes disagree: q {tuple(q.shape)}, cache {tuple(k_cache.shape)}, tables {tuple(block_tables.shape)}")
-    out = torch.empty_like(q)
-    code = fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
-              seq_lens.data_ptr(), out.data_ptr(), batch, num_heads, num_kv_heads, head_dim,
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous float32 tensor of q's shape {tuple(q.shape)}")
+    code = fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(), seq_lens.data_ptr(),
+              rows.data_ptr() if rows is not None else None, out.data_ptr(), batch, num_heads, num_kv_heads, head_dim,
               block_size, block_tables.shape[1], scale, torch.get_num_threads())
     if code != 0:
         raise ValueError(f"the CPU decode kernel does not take this shape (code {code}): "
