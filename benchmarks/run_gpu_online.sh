@@ -2,7 +2,8 @@
 # Issue 5's online benchmark in one device call: Llama-3.1-8B shape (random bf16 weights)
 # behind `tessel serve`, ShareGPT-like synthetic lengths, QPS 4, 16 and inf; table last.
 # Usage on the GPU machine, from the repo root: bash benchmarks/run_gpu_online.sh
-# Env: SERVER_ARGS (extra `tessel serve` flags), QPS (default "4 16 inf"), TAG (result-name suffix);
+# Env: SERVER_ARGS (extra `tessel serve` flags), QPS (default "4 16 inf"), TAG (result-name suffix),
+# N4 / N16 / NINF (requests per rate; each may list several counts, run in turn on the same server);
 # the server inherits the rest, e.g. TESSEL_STREAM_COALESCE=1 or TESSEL_PREFILL_PACK_GQA=1.
 set -uo pipefail
 source benchmarks/gpu_env.sh
@@ -18,22 +19,22 @@ curl -sf localhost:$PORT/ready >/dev/null || { echo "server not ready"; tail -30
 declare -A NUM=([4]=${N4:-200} [16]=${N16:-400} [inf]=${NINF:-500})
 TAG=${TAG:-}
 for qps in ${QPS:-4 16 inf}; do
-  set -- $qps ${NUM[$qps]}
-  timeout ${RUN_TIMEOUT:-150} python3 benchmarks/serve.py --base-url http://127.0.0.1:$PORT --lengths sharegpt \
-    --num-prompts $2 --request-rate $1 --slo-ttft-ms 1000 --slo-tpot-ms 50 --result-dir "$OUT" \
-    --result-name online_qps$1$TAG.json 2>&1 | tee "$OUT/online_qps$1$TAG.log" | tail -22
+  for n in ${NUM[$qps]}; do
+    timeout ${RUN_TIMEOUT:-150} python3 benchmarks/serve.py --base-url http://127.0.0.1:$PORT --lengths sharegpt \
+      --num-prompts $n --request-rate $qps --slo-ttft-ms 1000 --slo-tpot-ms 50 --result-dir "$OUT" \
+      --result-name online_qps${qps}_n$n$TAG.json 2>&1 | tee "$OUT/online_qps${qps}_n$n$TAG.log" | tail -22
+  done
 done
 kill -TERM $server; wait $server
 echo "==== summary ===="
 python3 - "$OUT" "$TAG" <<'PY'
 import json, sys, pathlib
-print("| QPS | req/s | out tok/s | TTFT p50/p99 ms | TPOT p50/p99 ms | ITL p50/p99 ms | failed |")
-print("|---|---|---|---|---|---|---|")
-for q in ("4", "16", "inf"):
-    p = pathlib.Path(sys.argv[1]) / f"online_qps{q}{sys.argv[2]}.json"
-    if not p.exists():
-        print(f"| {q} | (no result) |"); continue
+print("| QPS | requests | req/s | out tok/s | TTFT p50/p99 ms | TPOT p50/p99 ms | ITL p50/p99 ms | client CPU | failed |")
+print("|---|---|---|---|---|---|---|---|---|")
+for p in sorted(pathlib.Path(sys.argv[1]).glob(f"online_qps*_n*{sys.argv[2]}.json"), key=lambda p: p.stat().st_mtime):
     r = json.loads(p.read_text())
+    a = r["args"]
     f = lambda k: f"{r[k]['p50']:.1f} / {r[k]['p99']:.1f}"
-    print(f"| {q} | {r['request_throughput']:.1f} | {r['output_throughput']:.0f} | {f('ttft_ms')} | {f('tpot_ms')} | {f('itl_ms')} | {r['failed']} |")
+    print(f"| {a['request_rate']} | {a['num_prompts']} | {r['request_throughput']:.1f} | {r['output_throughput']:.0f} | "
+          f"{f('ttft_ms')} | {f('tpot_ms')} | {f('itl_ms')} | {r['client_cpu_share']:.0%} | {r['failed']} |")
 PY
