@@ -90,4 +90,6 @@ def tokenizer_from_gguf_metadata(metadata: Mapping[str, Any]) -> PreTrainedToken
             tokens[token_id] if token_id is not None and 0 <= token_id < len(tokens) else None
         )
     backend, extra = convert_gguf_tokenizer(str(metadata.get("general.architecture")), spec)
-    return PreTrainedTokenizerFast(tokenizer_object=backend, **config, **extra)
+    # Some transformers versions (5.17) return special tokens in ``extra`` too: ours win, unless unset.
+    kwargs = {**extra, **{k: v for k, v in config.items() if v is not None or k not in extra}}
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **kwargs)
