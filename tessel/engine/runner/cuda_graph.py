@@ -61,28 +61,52 @@ class DecodeGraphs:
         i = bisect_left(self.sizes, batch)
         return self.sizes[i] if i < len(self.sizes) else None
 
-    def _metadata(self, b: int) -> AttentionMetadata:
+    def _metadata(self, b: int, context: int = 1) -> AttentionMetadata:
         md = AttentionMetadata(
             slot_mapping=self.slot_mapping[:b],
             query_start_loc=self.query_start_loc[: b + 1],
             seq_lens=self.seq_lens[:b],
             block_tables=self.block_tables[:b],
             max_query_len=1,
-            max_seq_len=1,
+            max_seq_len=context,
             block_size=self.block_size,
-            seq_lens_cpu=torch.ones(b, dtype=torch.int32),
+            seq_lens_cpu=torch.full((b,), context, dtype=torch.int32),
         )
         host = np.zeros(self.static_plan.size, dtype=np.int32)
-        plan = self.static_plan.plan(np.ones(b, dtype=np.int32), host)
+        plan = self.static_plan.plan(np.full(b, context, dtype=np.int32), host)
         self.static_plan.sched.copy_(torch.from_numpy(host))
         md.scratch[ENGINE_PLAN] = plan
         md.scratch["block_tables_i32"] = md.block_tables
         return md
 
     @torch.inference_mode()
+    def tune(self, context: int = 1024) -> None:
+        """Run the largest size once over ``context`` cached tokens per request, so kernels that
+        autotune on their first call (decode attention) time real work, not the length-1
+        contexts the graphs are captured with. Nothing is written (slots are -1); the blocks
+        read are any of the cache's, stale or not."""
+        b = self.sizes[-1]
+        num_blocks = self.kv_caches[0][0].shape[0]
+        # max_blocks - 2 whole blocks stay below max_model_len, so every position has a RoPE row
+        context = max(1, min(context, (self.block_tables.shape[1] - 2) * self.block_size))
+        width = -(-context // self.block_size)
+        self.seq_lens[:b].fill_(context)
+        self.positions[:b].fill_(context - 1)
+        self.block_tables[:b, :width].copy_(
+            torch.arange(b * width, device=self.block_tables.device).view(b, width) % num_blocks
+        )
+        md = self._metadata(b, context)
+        self.model(self.input_ids[:b], self.positions[:b], self.kv_caches, md)
+        torch.cuda.synchronize()
+        self.seq_lens.fill_(1)
+        self.positions.zero_()
+        self.block_tables.zero_()
+
+    @torch.inference_mode()
     def capture(self) -> None:
         """Capture every size, largest first so smaller graphs reuse its memory pool."""
         start = time.perf_counter()
+        self.tune()
         pool = None
         for b in reversed(self.sizes):
             md = self._metadata(b)
