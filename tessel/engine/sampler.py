@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import random
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +15,7 @@ from tessel.engine.sampling_metadata import (
     TokenEdits,
     TruncationTensors,
 )
+from tessel.kernels import dispatch
 
 # Smallest exponential draw we divide by; a draw of exactly 0 would turn a zero-probability
 # token's 0/0 into NaN, which argmax would pick.
@@ -36,10 +39,13 @@ class Sampler:
         self._seed = seed
         self._shared: dict[torch.device, torch.Generator] = {}
         self._seeded: dict[str, torch.Generator] = {}
+        self._bases = random.Random(seed)  # fused path: a seed for each request that set none
+        self._base_seed: dict[str, int] = {}
 
     def forget(self, request_id: str) -> None:
         """Drop a finished request's generator."""
         self._seeded.pop(request_id, None)
+        self._base_seed.pop(request_id, None)
 
     def sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         """Choose one token per row of ``logits`` [B, V] float32 (modified in place); one host sync."""
@@ -49,7 +55,11 @@ class Sampler:
     def sample_on_device(
         self, logits: torch.Tensor, meta: SamplingMetadata
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``sample`` without the host sync: token ids [B] and raw logprobs stay on the device."""
+        """``sample`` without the host sync: token ids [B] and raw logprobs stay on the device.
+        ``logits`` may be half precision; they are read in place on the fused path, else copied to float32."""
+        if logits.is_cuda and fusable(meta):
+            return self._sample_fused(logits, meta), None
+        logits = logits.float()
         raw_logprobs = None
         if meta.max_num_logprobs is not None:
             raw_logprobs = torch.log_softmax(logits, dim=-1)  # vLLM v1 default: before processing
@@ -59,6 +69,23 @@ class Sampler:
             sampled = self._draw(random_logits(logits, meta), meta)
             tokens = torch.where(meta.greedy, tokens, sampled)
         return tokens, raw_logprobs
+
+    def _sample_fused(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """One read of the logits on CUDA: a request's draw is keyed by its seed (its own, or one
+        drawn for it once) and its output length, so batch neighbours never change it."""
+        if meta.all_greedy:
+            return dispatch.sample_tokens(logits)
+        seeds = [self._request_seed(rid, seed) for rid, seed in zip(meta.request_ids, meta.seeds, strict=True)]
+        host = torch.tensor([seeds, meta.output_lengths], dtype=torch.int64)
+        seeds_dev, steps_dev = host.to(logits.device, non_blocking=True)
+        return dispatch.sample_tokens(logits, meta.inv_temperature, seeds_dev, steps_dev)
+
+    def _request_seed(self, request_id: str, seed: int | None) -> int:
+        if seed is not None:
+            return seed
+        if request_id not in self._base_seed:
+            self._base_seed[request_id] = self._bases.getrandbits(62)
+        return self._base_seed[request_id]
 
     def _draw(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         """Exponential race, argmax(p / E) with E ~ Exp(1): a seeded row reads only its own stream."""
@@ -110,6 +137,19 @@ class Sampler:
             top = [(int(t), v) for t, v in zip(row[2 : 2 + n], row[2 + k : 2 + k + n], strict=True)]
             logprobs.append(Logprob(token_id=int(row[0]), logprob=row[1], top=top))
         return SamplerOutput(token_ids=token_ids, logprobs=logprobs)
+
+
+def fusable(meta: SamplingMetadata) -> bool:
+    """Greedy / temperature only: no logprobs, logit edits, penalties, top-k/top-p or min-p."""
+    return (
+        meta.max_num_logprobs is None
+        and meta.logit_bias is None
+        and meta.banned is None
+        and meta.penalties is None
+        and meta.truncation is None
+        and meta.min_p is None
+        and os.environ.get("TESSEL_FUSED_SAMPLING", "1") != "0"
+    )
 
 
 def process_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:

@@ -56,6 +56,8 @@ class SamplingMetadata:
     greedy: torch.Tensor  # [B] bool: take the argmax of the processed logits
     all_greedy: bool  # skip temperature / top-k / top-p / min-p and the random draw entirely
     temperature: torch.Tensor | None  # [B] float32, 1.0 on greedy rows
+    inv_temperature: torch.Tensor | None  # [B] float32, 1 / temperature, 0.0 on greedy rows
+    output_lengths: list[int]  # tokens each row's request has generated: the step its draw is keyed by
     truncation: TruncationTensors | None  # top-k / top-p
     min_p: torch.Tensor | None  # [B] float32, 0.0 where off
     logit_bias: TokenEdits | None  # OpenAI logit_bias, added to the logits
@@ -78,10 +80,14 @@ class SamplingMetadata:
         def column(values: Sequence[float], dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
-        temperature = truncation = min_p = None
+        temperature = inv_temperature = truncation = min_p = None
         if not all_greedy:
             temperature = column(
                 [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)],
+                torch.float32,
+            )
+            inv_temperature = column(
+                [0.0 if g else 1.0 / p.temperature for p, g in zip(params, greedy, strict=True)],
                 torch.float32,
             )
             truncation = _truncation(params, greedy, vocab_size, device)
@@ -93,6 +99,8 @@ class SamplingMetadata:
             greedy=column(greedy, torch.bool),
             all_greedy=all_greedy,
             temperature=temperature,
+            inv_temperature=inv_temperature,
+            output_lengths=[r.num_output_tokens for r in requests],
             truncation=truncation,
             min_p=min_p,
             logit_bias=_logit_bias(params, vocab_size, device),

@@ -88,6 +88,24 @@ def apply_rope(
     return reference.apply_rope(q, k, positions, cos_sin_cache)
 
 
+def apply_rope_and_store_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``apply_rope`` then ``store_kv`` of the rotated k and of v; one launch on CUDA."""
+    if _use_triton(q):
+        return _ops().apply_rope_and_store_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping)
+    q, k = apply_rope(q, k, positions, cos_sin_cache)
+    store_kv(k, v, k_cache, v_cache, slot_mapping)
+    return q, k
+
+
 def store_kv(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -117,6 +135,18 @@ def paged_attention(
     if _use_cpu_fast_path(q):
         return cpu_attention.paged_attention(q, k_cache, v_cache, md, scale, k_new, v_new)
     return reference.paged_attention(q, k_cache, v_cache, md, scale)
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    inv_temperature: torch.Tensor | None = None,
+    seeds: torch.Tensor | None = None,
+    steps: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Greedy / temperature sampling in one read of the logits (Gumbel-max keyed by seed and step)."""
+    if _use_triton(logits):
+        return _ops().sample_tokens(logits, inv_temperature, seeds, steps)
+    return reference.sample_tokens(logits, inv_temperature, seeds, steps)
 
 
 def quantize_rows(x: torch.Tensor, qdtype: torch.dtype) -> QuantizedTensor:

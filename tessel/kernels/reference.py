@@ -53,6 +53,26 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return out.to(x.dtype)
 
 
+def sample_tokens(
+    logits: torch.Tensor,
+    inv_temperature: torch.Tensor | None = None,
+    seeds: torch.Tensor | None = None,
+    steps: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Gumbel-max over ``logits * inv_temperature`` (argmax where that is None or 0), the
+    uniforms drawn per row from a generator keyed by (seed, step): the same distribution and
+    keying as the Triton kernel, not the same stream (that is Philox, this torch's generator)."""
+    scores = logits.float().clone()
+    if inv_temperature is not None:
+        assert seeds is not None and steps is not None
+        for row in range(scores.shape[0]):
+            if float(inv_temperature[row]) > 0:
+                gen = torch.Generator().manual_seed(int(seeds[row]) * 1_000_003 + int(steps[row]))
+                u = torch.rand(scores.shape[1], generator=gen).to(scores.device)
+                scores[row] = scores[row] * inv_temperature[row] - torch.log(-torch.log(u))
+    return scores.argmax(dim=-1)
+
+
 def store_kv(
     k: torch.Tensor,
     v: torch.Tensor,

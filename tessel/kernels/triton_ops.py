@@ -15,11 +15,12 @@ from tessel.kernels.moe.triton_moe import fused_moe
 from tessel.kernels.norm import fused_add_rms_norm, rms_norm
 from tessel.kernels.quant.act_quant import quantize_rows, rms_norm_quant, silu_and_mul_quant
 from tessel.kernels.quant.gemm import scaled_mm
-from tessel.kernels.rope import apply_rope
+from tessel.kernels.rope import apply_rope, apply_rope_and_store_kv
+from tessel.kernels.sampling import sample_tokens
 
 __all__ = [
-    "apply_rope", "fused_add_rms_norm", "fused_moe", "paged_attention", "quantize_rows", "rms_norm", "rms_norm_quant",
-    "scaled_mm", "silu_and_mul", "silu_and_mul_quant", "store_kv",
+    "apply_rope", "apply_rope_and_store_kv", "fused_add_rms_norm", "fused_moe", "paged_attention", "quantize_rows",
+    "rms_norm", "rms_norm_quant", "sample_tokens", "scaled_mm", "silu_and_mul", "silu_and_mul_quant", "store_kv",
 ]
 
 # TESSEL_DECODE_SPLIT picks a comparison variant: balanced (default) | static | none.

@@ -9,7 +9,7 @@ from tessel.kernels import reference
 from tessel.kernels.activation import silu_and_mul
 from tessel.kernels.kv_store import store_kv
 from tessel.kernels.norm import fused_add_rms_norm, rms_norm
-from tessel.kernels.rope import apply_rope
+from tessel.kernels.rope import apply_rope, apply_rope_and_store_kv
 
 
 def _dtypes(device: str) -> list[torch.dtype]:
@@ -83,6 +83,32 @@ def test_store_kv(device: str, head_dim: int) -> None:
         torch.testing.assert_close(caches[1], caches[3], equal_nan=True)
 
 
+@pytest.mark.parametrize("heads", [(4, 4), (8, 1)])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_apply_rope_and_store_kv(device: str, heads: tuple[int, int], head_dim: int) -> None:
+    """The fused launch equals apply_rope then store_kv: rotated q, rotated k, and the cache
+    holding the rotated k and v at each slot (padding slot -1 writes nothing: NaN stays)."""
+    hq, hkv = heads
+    inv = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    freqs = torch.outer(torch.arange(100).float(), inv)
+    cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(device)
+    positions = torch.tensor([0, 99, 3, 17, 1, 64], device=device)
+    slots = torch.tensor([0, 17, -1, 79, 40, 15], device=device)
+    for dtype in _dtypes(device):
+        # q/k/v as strided views of one fused projection, as the model hands them over
+        qkv = _randn(6, (hq + 2 * hkv) * head_dim, dtype=dtype, device=device)
+        q, k, v = (t.reshape(6, -1, head_dim) for t in qkv.split([hq * head_dim, hkv * head_dim, hkv * head_dim], -1))
+        caches = [torch.full((5, 16, hkv, head_dim), float("nan"), dtype=dtype, device=device) for _ in range(4)]
+        got_q, got_k = apply_rope_and_store_kv(q, k, v, positions, cache, caches[0], caches[1], slots)
+        ref_q, ref_k = reference.apply_rope(q, k, positions, cache)
+        reference.store_kv(ref_k, v, caches[2], caches[3], slots)
+        torch.testing.assert_close(got_q, ref_q, **_tol(dtype))
+        torch.testing.assert_close(got_k, ref_k, **_tol(dtype))
+        torch.testing.assert_close(caches[0], caches[2], equal_nan=True, **_tol(dtype))
+        torch.testing.assert_close(caches[1], caches[3], equal_nan=True, **_tol(dtype))
+        assert caches[0].isnan().sum() == caches[0].numel() - 5 * hkv * head_dim  # five real slots written
+
+
 def test_launchers_name_bad_arguments() -> None:
     x = torch.randn(4, 64)
     with pytest.raises(ValueError, match="weight"):
@@ -94,3 +120,7 @@ def test_launchers_name_bad_arguments() -> None:
     with pytest.raises(ValueError, match="slot_mapping"):
         cache = torch.zeros(2, 16, 2, 64)
         store_kv(torch.randn(3, 2, 64), torch.randn(3, 2, 64), cache, cache.clone(), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="v_cache"):
+        cache = torch.zeros(2, 16, 2, 64)
+        apply_rope_and_store_kv(torch.randn(3, 2, 64), torch.randn(3, 2, 64), torch.randn(3, 2, 64), torch.arange(3),
+                                torch.randn(8, 64), cache, torch.zeros(2, 16, 1, 64), torch.zeros(3, dtype=torch.long))

@@ -88,7 +88,7 @@ class LlamaAttention(nn.Module):
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        q, k = self.rotary.apply_and_store(positions, q, k, v, kv_cache, md.slot_mapping)
         return self.o_proj(self.attn(q, k, v, kv_cache, md))
 
 

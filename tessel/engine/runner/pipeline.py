@@ -250,7 +250,7 @@ class StepPipeline:
         if not requests:
             return InFlightStep(sched, step, rows, None, None, None, None, prompt_lp, timing, ev)
         indices = step.buffers.device_view("logits_indices")
-        logits = self.model.compute_logits(hidden.index_select(0, indices)).float()  # type: ignore[operator]
+        logits = self.model.compute_logits(hidden.index_select(0, indices))  # type: ignore[operator]
         meta = SamplingMetadata.build(requests, self.arch.vocab_size, self.device)
         tokens, raw_lp = self.sampler.sample_on_device(logits, meta)
         if self.channel is not None:

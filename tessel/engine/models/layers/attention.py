@@ -1,4 +1,5 @@
-"""Paged attention for one layer: write the new K/V into the cache, attend over it."""
+"""Paged attention for one layer over a cache that already holds the new tokens' K/V
+(``RotaryEmbedding.apply_and_store`` writes them, fused with the rotation)."""
 
 from __future__ import annotations
 
@@ -25,8 +26,7 @@ class PagedAttention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         md: AttentionMetadata,
     ) -> torch.Tensor:
-        """q: [T, Hq, D], k/v: [T, Hkv, D] for the new tokens -> [T, Hq * D]."""
+        """q: [T, Hq, D], k/v: [T, Hkv, D] for the new tokens, already in ``kv_cache`` -> [T, Hq * D]."""
         k_cache, v_cache = kv_cache
-        dispatch.store_kv(k, v, k_cache, v_cache, md.slot_mapping)
         out = dispatch.paged_attention(q, k_cache, v_cache, md, self.scale, k, v)
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)

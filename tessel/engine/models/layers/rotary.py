@@ -47,3 +47,16 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return dispatch.apply_rope(q, k, positions, self.cos_sin_cache)
+
+    def apply_and_store(
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        slot_mapping: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate q and k, and write the rotated k and v into their cache slots (one launch on CUDA)."""
+        k_cache, v_cache = kv_cache
+        return dispatch.apply_rope_and_store_kv(q, k, v, positions, self.cos_sin_cache, k_cache, v_cache, slot_mapping)
