@@ -111,7 +111,9 @@ async def _load_then_sigterm(srv: ServerProcess) -> tuple[list[str], float]:
     "unreachable" (no status line: the listener had closed) or "lost" (200, cut short)."""
     import asyncio
 
-    body = {"prompt": "Count slowly:", "max_tokens": 24, "ignore_eos": True, "stream": True}
+    # Greedy: the "every token" check counts text chunks, and a random draw of multi-byte
+    # characters (held back until complete) could leave a finished stream short of them.
+    body = {"prompt": "Count slowly:", "max_tokens": 24, "ignore_eos": True, "stream": True, "temperature": 0}
     limits = httpx.Limits(max_keepalive_connections=0)  # each request on its own connection
     outcomes: list[str] = []
     started = asyncio.Event()
