@@ -16,6 +16,7 @@ from tessel.engine.sampling_metadata import (
     TruncationTensors,
 )
 from tessel.kernels import dispatch
+from tessel.kernels.sampling_types import TemperatureDraws
 
 # Smallest exponential draw we divide by; a draw of exactly 0 would turn a zero-probability
 # token's 0/0 into NaN, which argmax would pick.
@@ -76,9 +77,10 @@ class Sampler:
         if meta.all_greedy:
             return dispatch.sample_tokens(logits)
         seeds = [self._request_seed(rid, seed) for rid, seed in zip(meta.request_ids, meta.seeds, strict=True)]
+        assert meta.inv_temperature is not None  # built whenever a row is not greedy
         host = torch.tensor([seeds, meta.output_lengths], dtype=torch.int64)
         seeds_dev, steps_dev = host.to(logits.device, non_blocking=True)
-        return dispatch.sample_tokens(logits, meta.inv_temperature, seeds_dev, steps_dev)
+        return dispatch.sample_tokens(logits, TemperatureDraws(meta.inv_temperature, seeds_dev, steps_dev))
 
     def _request_seed(self, request_id: str, seed: int | None) -> int:
         if seed is not None:

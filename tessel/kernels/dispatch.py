@@ -15,6 +15,7 @@ from tessel.kernels.attention.metadata import AttentionMetadata
 from tessel.kernels.moe import reference as moe_reference
 from tessel.kernels.quant import reference as quant_reference
 from tessel.kernels.quant.types import QuantizedTensor
+from tessel.kernels.sampling_types import TemperatureDraws
 
 
 @cache
@@ -94,15 +95,14 @@ def apply_rope_and_store_kv(
     v: torch.Tensor,
     positions: torch.Tensor,
     cos_sin_cache: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    kv_cache: tuple[torch.Tensor, torch.Tensor],
     slot_mapping: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``apply_rope`` then ``store_kv`` of the rotated k and of v; one launch on CUDA."""
     if _use_triton(q):
-        return _ops().apply_rope_and_store_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping)
+        return _ops().apply_rope_and_store_kv(q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping)
     q, k = apply_rope(q, k, positions, cos_sin_cache)
-    store_kv(k, v, k_cache, v_cache, slot_mapping)
+    store_kv(k, v, *kv_cache, slot_mapping)
     return q, k
 
 
@@ -138,15 +138,12 @@ def paged_attention(
 
 
 def sample_tokens(
-    logits: torch.Tensor,
-    inv_temperature: torch.Tensor | None = None,
-    seeds: torch.Tensor | None = None,
-    steps: torch.Tensor | None = None,
+    logits: torch.Tensor, draws: TemperatureDraws | None = None
 ) -> torch.Tensor:
     """Greedy / temperature sampling in one read of the logits (Gumbel-max keyed by seed and step)."""
     if _use_triton(logits):
-        return _ops().sample_tokens(logits, inv_temperature, seeds, steps)
-    return reference.sample_tokens(logits, inv_temperature, seeds, steps)
+        return _ops().sample_tokens(logits, draws)
+    return reference.sample_tokens(logits, draws)
 
 
 def quantize_rows(x: torch.Tensor, qdtype: torch.dtype) -> QuantizedTensor:

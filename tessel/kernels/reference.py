@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from tessel.kernels.attention.metadata import AttentionMetadata
+from tessel.kernels.sampling_types import TemperatureDraws
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -54,22 +55,18 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 def sample_tokens(
-    logits: torch.Tensor,
-    inv_temperature: torch.Tensor | None = None,
-    seeds: torch.Tensor | None = None,
-    steps: torch.Tensor | None = None,
+    logits: torch.Tensor, draws: TemperatureDraws | None = None
 ) -> torch.Tensor:
-    """Gumbel-max over ``logits * inv_temperature`` (argmax where that is None or 0), the
+    """Gumbel-max over ``logits / T`` (argmax where ``draws`` is None or a row's 1/T is 0), the
     uniforms drawn per row from a generator keyed by (seed, step): the same distribution and
     keying as the Triton kernel, not the same stream (that is Philox, this torch's generator)."""
     scores = logits.float().clone()
-    if inv_temperature is not None:
-        assert seeds is not None and steps is not None
-        for row in range(scores.shape[0]):
-            if float(inv_temperature[row]) > 0:
-                gen = torch.Generator().manual_seed(int(seeds[row]) * 1_000_003 + int(steps[row]))
-                u = torch.rand(scores.shape[1], generator=gen).to(scores.device)
-                scores[row] = scores[row] * inv_temperature[row] - torch.log(-torch.log(u))
+    if draws is not None:
+        for row, inv_t in enumerate(draws.inv_temperature.tolist()):
+            if inv_t > 0:
+                key = int(draws.seeds[row]) * 1_000_003 + int(draws.steps[row])
+                u = torch.rand(scores.shape[1], generator=torch.Generator().manual_seed(key)).to(scores.device)
+                scores[row] = scores[row] * inv_t - torch.log(-torch.log(u))
     return scores.argmax(dim=-1)
 
 

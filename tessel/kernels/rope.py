@@ -122,11 +122,11 @@ def apply_rope_and_store_kv(
     v: torch.Tensor,
     positions: torch.Tensor,
     cos_sin_cache: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    kv_cache: tuple[torch.Tensor, torch.Tensor],
     slot_mapping: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``apply_rope`` then ``store_kv`` of the rotated k and of v, in one launch."""
+    """``apply_rope`` then ``store_kv`` of the rotated k and of v into ``kv_cache`` = (K, V), in one launch."""
+    k_cache, v_cache = kv_cache
     check_tensor("v", v, ndim=3, dtypes=FLOAT_DTYPES, device=q.device)
     check_shape("v", v, k.shape)
     check_tensor("k_cache", k_cache, ndim=4, dtypes=FLOAT_DTYPES, device=q.device)

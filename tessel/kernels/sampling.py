@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from tessel.kernels.checks import FLOAT_DTYPES, check_shape, check_tensor
+from tessel.kernels.sampling_types import TemperatureDraws
 
 CHUNK = 4096
 
@@ -53,35 +54,28 @@ def _row_best_kernel(best_val_ptr, best_idx_ptr, out_ptr, num_chunks, CHUNKS_PAD
 
 
 def sample_tokens(
-    logits: torch.Tensor,
-    inv_temperature: torch.Tensor | None = None,
-    seeds: torch.Tensor | None = None,
-    steps: torch.Tensor | None = None,
+    logits: torch.Tensor, draws: TemperatureDraws | None = None
 ) -> torch.Tensor:
-    """Token ids [B] (int64) from logits [B, V]: argmax where ``inv_temperature`` is None or a
-    row's entry is 0, else a draw from softmax(logits * inv_temperature) keyed by (seed, step)."""
+    """Token ids [B] (int64) from logits [B, V]: argmax where ``draws`` is None or a row's
+    inverse temperature is 0, else a draw from softmax(logits / T) keyed by (seed, step)."""
     check_tensor("logits", logits, ndim=2, dtypes=FLOAT_DTYPES)
     rows, vocab = logits.shape
-    if inv_temperature is not None:
-        if seeds is None or steps is None:
-            raise ValueError("temperature sampling needs seeds and steps, one per row")
-        check_tensor("inv_temperature", inv_temperature, ndim=1, dtypes=(torch.float32,), device=logits.device)
-        for name, t in (("inv_temperature", inv_temperature), ("seeds", seeds), ("steps", steps)):
-            check_tensor(name, t, ndim=1, device=logits.device)
+    if draws is not None:
+        check_tensor("inv_temperature", draws.inv_temperature, dtypes=(torch.float32,))
+        for name in ("inv_temperature", "seeds", "steps"):
+            t = getattr(draws, name)
+            check_tensor(name, t, ndim=1, device=logits.device, dtypes=None if name == "inv_temperature" else (torch.int64,))
             check_shape(name, t, (rows,))
-        if seeds.dtype != torch.int64 or steps.dtype != torch.int64:
-            raise ValueError(f"seeds and steps must be int64, got {seeds.dtype} and {steps.dtype}")
-    random = inv_temperature is not None
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     if rows == 0:
         return out
     chunks = triton.cdiv(vocab, CHUNK)
     best_val = torch.empty(rows, chunks, dtype=torch.float32, device=logits.device)
     best_idx = torch.empty(rows, chunks, dtype=torch.int32, device=logits.device)
-    unused = best_val  # pointers a greedy launch never reads
+    keys = (best_val,) * 3 if draws is None else (draws.inv_temperature, draws.seeds, draws.steps)  # unread when greedy
     _chunk_best_kernel[(rows, chunks)](
-        logits, inv_temperature if random else unused, seeds if random else unused, steps if random else unused,
-        best_val, best_idx, logits.stride(0), vocab, chunks, RANDOM=random, BLOCK=CHUNK, num_warps=8,
+        logits, *keys, best_val, best_idx, logits.stride(0), vocab, chunks,
+        RANDOM=draws is not None, BLOCK=CHUNK, num_warps=8,
     )
     _row_best_kernel[(rows,)](best_val, best_idx, out, chunks, CHUNKS_PAD=triton.next_power_of_2(chunks), num_warps=1)
     return out

@@ -99,7 +99,7 @@ def test_apply_rope_and_store_kv(device: str, heads: tuple[int, int], head_dim: 
         qkv = _randn(6, (hq + 2 * hkv) * head_dim, dtype=dtype, device=device)
         q, k, v = (t.reshape(6, -1, head_dim) for t in qkv.split([hq * head_dim, hkv * head_dim, hkv * head_dim], -1))
         caches = [torch.full((5, 16, hkv, head_dim), float("nan"), dtype=dtype, device=device) for _ in range(4)]
-        got_q, got_k = apply_rope_and_store_kv(q, k, v, positions, cache, caches[0], caches[1], slots)
+        got_q, got_k = apply_rope_and_store_kv(q, k, v, positions, cache, (caches[0], caches[1]), slots)
         ref_q, ref_k = reference.apply_rope(q, k, positions, cache)
         reference.store_kv(ref_k, v, caches[2], caches[3], slots)
         torch.testing.assert_close(got_q, ref_q, **_tol(dtype))
@@ -123,4 +123,4 @@ def test_launchers_name_bad_arguments() -> None:
     with pytest.raises(ValueError, match="v_cache"):
         cache = torch.zeros(2, 16, 2, 64)
         apply_rope_and_store_kv(torch.randn(3, 2, 64), torch.randn(3, 2, 64), torch.randn(3, 2, 64), torch.arange(3),
-                                torch.randn(8, 64), cache, torch.zeros(2, 16, 1, 64), torch.zeros(3, dtype=torch.long))
+                                torch.randn(8, 64), (cache, torch.zeros(2, 16, 1, 64)), torch.zeros(3, dtype=torch.long))

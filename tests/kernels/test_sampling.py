@@ -7,6 +7,7 @@ import torch
 
 from tessel.kernels import reference
 from tessel.kernels.sampling import CHUNK, sample_tokens
+from tessel.kernels.sampling_types import TemperatureDraws as Draws
 
 
 def _dtypes(device: str) -> list[torch.dtype]:
@@ -34,24 +35,24 @@ def test_draws_follow_softmax_and_depend_only_on_seed_and_step(device: str) -> N
     inv_t = torch.full((rows,), 1 / 0.7, device=device)
     steps = torch.arange(rows, device=device)
     seeds = torch.full((rows,), 1234, dtype=torch.int64, device=device)
-    drawn = sample_tokens(logits, inv_t, seeds, steps)
+    drawn = sample_tokens(logits, Draws(inv_t, seeds, steps))
     freq = torch.bincount(drawn.cpu(), minlength=vocab).double() / rows
     want = torch.softmax(base.double() / 0.7, dim=0)
     # binomial standard error at n=1024 is <= 0.016: over 3 sigma (and the draws are fixed by the seeds)
     assert (freq - want).abs().max() < 0.05, (freq, want)
     # The same (seed, step) at another row, with other rows around it: the same token.
     perm = torch.randperm(rows, device=device)
-    again = sample_tokens(logits, inv_t, seeds, steps[perm])
+    again = sample_tokens(logits, Draws(inv_t, seeds, steps[perm]))
     assert torch.equal(again, drawn[perm])
     # Another seed gives other draws.
-    assert not torch.equal(sample_tokens(logits, inv_t, seeds + 1, steps), drawn)
+    assert not torch.equal(sample_tokens(logits, Draws(inv_t, seeds + 1, steps)), drawn)
 
 
 def test_greedy_rows_in_a_random_batch(device: str) -> None:
     logits = torch.randn(3, 1000).to(device)
     inv_t = torch.tensor([0.0, 1.0, 0.0], device=device)
     ids = torch.tensor([5, 6, 7], device=device)
-    got = sample_tokens(logits, inv_t, ids, ids)
+    got = sample_tokens(logits, Draws(inv_t, ids, ids))
     want = logits.argmax(dim=-1)
     assert got[0] == want[0] and got[2] == want[2]
 
@@ -63,9 +64,10 @@ def test_reference_matches_the_kernel_on_greedy_rows() -> None:
 
 def test_sample_tokens_names_bad_arguments() -> None:
     logits = torch.randn(2, 10)
+    ids2, ids3 = torch.ones(2, dtype=torch.long), torch.ones(3, dtype=torch.long)
     with pytest.raises(ValueError, match="seeds"):
-        sample_tokens(logits, torch.ones(2))
-    with pytest.raises(ValueError, match="int64"):
-        sample_tokens(logits, torch.ones(2), torch.ones(2, dtype=torch.int32), torch.ones(2, dtype=torch.int32))
+        sample_tokens(logits, Draws(torch.ones(2), ids2.int(), ids2))
     with pytest.raises(ValueError, match="inv_temperature"):
-        sample_tokens(logits, torch.ones(3), torch.ones(3, dtype=torch.long), torch.ones(3, dtype=torch.long))
+        sample_tokens(logits, Draws(torch.ones(2, dtype=torch.float64), ids2, ids2))
+    with pytest.raises(ValueError, match="inv_temperature"):
+        sample_tokens(logits, Draws(torch.ones(3), ids3, ids3))

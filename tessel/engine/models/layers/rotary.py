@@ -58,5 +58,4 @@ class RotaryEmbedding(nn.Module):
         slot_mapping: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q and k, and write the rotated k and v into their cache slots (one launch on CUDA)."""
-        k_cache, v_cache = kv_cache
-        return dispatch.apply_rope_and_store_kv(q, k, v, positions, self.cos_sin_cache, k_cache, v_cache, slot_mapping)
+        return dispatch.apply_rope_and_store_kv(q, k, v, positions, self.cos_sin_cache, kv_cache, slot_mapping)
