@@ -3,7 +3,8 @@
 Llama-3.1-8B attention shape (32 q heads, 8 KV heads, head_dim 128), bf16 KV, block size 16.
 Decode: balanced split-KV, static split (FlashDecoding), no split, and SDPA flash / cuDNN on
 KV gathered to contiguous padded tensors (the gather itself is not timed). Bandwidth is KV
-bytes read over time, against a device-to-device copy measured in the same run.
+bytes read over time, against a device-to-device copy measured in the same run. Decode times
+are CUDA-graph replays, as the engine runs decode; the eager column adds each call's launch.
 
     PYTHONPATH=. python benchmarks/attention.py [--out results.md] [--quick]
 """
@@ -35,8 +36,16 @@ PADDED_CHUNK_BYTES = 12 << 30  # padded SDPA runs in batch chunks of at most thi
 
 
 def bench(fn) -> float:  # type: ignore[no-untyped-def]
-    """Median milliseconds over device events."""
+    """Median milliseconds over device events, each call launched from Python."""
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def bench_graph(fn) -> float:  # type: ignore[no-untyped-def]
+    """Median milliseconds of ``fn`` replayed from a CUDA graph, as the engine runs decode.
+
+    Timed eagerly, a call also counts its Python launch while the GPU waits: about 11 us more
+    for our autotuned launch on the H200 (2026-12-04), 8% of a 1 x 128K decode."""
+    return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"))
 
 
 def copy_bandwidth() -> float:
@@ -81,7 +90,7 @@ def padded_sdpa_ms(batch: Batch, backend: SDPBackend) -> tuple[float, str]:
     """SDPA over K/V gathered into [B, H, max_len, D], chunked by batch; returns (ms, how).
 
     Tries GQA-native with the padding masked, then unmasked (flash takes no mask: same work,
-    padded rows' outputs wrong), then K/V expanded to the q heads.
+    padded rows' outputs wrong), then K/V expanded to the q heads. ms = (graph, eager).
     """
     for expand, masked in [(False, True), (False, False), (True, False)]:
         try:
@@ -92,12 +101,12 @@ def padded_sdpa_ms(batch: Batch, backend: SDPBackend) -> tuple[float, str]:
     raise RuntimeError("no variant ran")
 
 
-def _padded_sdpa_ms(batch: Batch, backend: SDPBackend, expand: bool, masked: bool) -> float:
+def _padded_sdpa_ms(batch: Batch, backend: SDPBackend, expand: bool, masked: bool) -> tuple[float, float]:
     max_len = int(batch.lens.max())
     heads = HQ if expand else HKV
     per_req = 2 * heads * max_len * D * 2
     chunk = max(1, PADDED_CHUNK_BYTES // per_req)
-    total = 0.0
+    total = eager = 0.0
     for b0 in range(0, len(batch.lens), chunk):
         b1 = min(len(batch.lens), b0 + chunk)
         k = torch.randn(b1 - b0, heads, max_len, D, device="cuda", dtype=DTYPE)
@@ -109,9 +118,10 @@ def _padded_sdpa_ms(batch: Batch, backend: SDPBackend, expand: bool, masked: boo
             fn = functools.partial(F.scaled_dot_product_attention, q, k, v,
                                    attn_mask=mask if masked else None, enable_gqa=not expand)
             fn()
-            total += bench(fn)
+            total += bench_graph(fn)
+            eager += bench(fn)
         del k, v, fn
-    return total
+    return total, eager
 
 
 def decode_rows(name: str, lens: np.ndarray, copy_bw: float, sms: int) -> list[dict]:
@@ -127,14 +137,14 @@ def decode_rows(name: str, lens: np.ndarray, copy_bw: float, sms: int) -> list[d
         out = torch.empty_like(batch.q)
         fn = functools.partial(paged_decode, batch.q, batch.k_cache, batch.v_cache, batch.tables, plan, scale, out)
         fn()
-        ms = bench(fn)
-        rows.append(dict(case=name, variant=label, ms=ms, imbalance=plan.host.imbalance(),
+        ms = bench_graph(fn)
+        rows.append(dict(case=name, variant=label, ms=ms, eager_ms=bench(fn), imbalance=plan.host.imbalance(),
                          tiles=plan.host.num_tiles, programs=plan.host.num_buckets * HKV))
     for label, backend in [("sdpa flash (padded)", SDPBackend.FLASH_ATTENTION),
                            ("sdpa cudnn (padded)", SDPBackend.CUDNN_ATTENTION)]:
         try:
-            ms, how = padded_sdpa_ms(batch, backend)
-            rows.append(dict(case=name, variant=label, ms=ms, note=how))
+            (ms, eager_ms), how = padded_sdpa_ms(batch, backend)
+            rows.append(dict(case=name, variant=label, ms=ms, eager_ms=eager_ms, note=how))
         except RuntimeError as e:  # backend refuses the shape
             rows.append(dict(case=name, variant=label, ms=float("nan"), note=str(e).splitlines()[0][:80]))
     for r in rows:
@@ -260,7 +270,7 @@ def main() -> None:
             rows.append(dict(case=name, variant="FAILED", ms=float("nan"), note=repr(e)[:100]))
         torch.cuda.empty_cache()
     tile_rows = []
-    sweep = [(f"balanced waves={w}", DecodeConfig(waves=w)) for w in (2, 8)]
+    sweep = [(f"balanced waves={w}", DecodeConfig(waves=w)) for w in (2, 6, 8)]
     sweep += [(f"balanced per-tile T={t}", DecodeConfig(tile_size=t, coalesce=False)) for t in (128, 256)]
     sweep += [("static split x8", DecodeConfig(mode="static", num_splits=8))]
     for name in ("uniform 64x4K", "skewed 1x128K+63x1K", "long tail 256 lognormal", "single 128K"):
@@ -270,7 +280,7 @@ def main() -> None:
         out = torch.empty_like(batch.q)
         for label, cfg in sweep:
             plan = build_decode_plan(batch.lens, HQ, HKV, D, torch.device("cuda"), cfg)
-            ms = bench(functools.partial(paged_decode, batch.q, batch.k_cache, batch.v_cache, batch.tables, plan, D**-0.5, out))
+            ms = bench_graph(functools.partial(paged_decode, batch.q, batch.k_cache, batch.v_cache, batch.tables, plan, D**-0.5, out))
             tile_rows.append(dict(case=name, variant=label, ms=ms, tiles=plan.host.num_tiles,
                                   bw_pct=100 * batch.kv_bytes / (ms * 1e-3) / copy_bw, imbalance=plan.host.imbalance()))
         del batch
@@ -282,12 +292,14 @@ def main() -> None:
         "decode": {str(k): str(v) for k, v in getattr(decode_mod._decode_kernel, "cache", {}).items()},
         "prefill": {str(k): str(v) for k, v in getattr(prefill_mod._prefill_kernel, "cache", {}).items()},
     }
-    dec_cols = [("case", "case", ""), ("variant", "variant", ""), ("time (us)", "ms", ".1f"),
+    dec_cols = [("case", "case", ""), ("variant", "variant", ""), ("time (us), graph", "ms", ".1f"),
                 ("KV BW % of copy", "bw_pct", ".1f"), ("x slower than balanced", "speedup", ".2f"),
                 ("plan imbalance", "imbalance", ".3f"), ("tiles", "tiles", "d"), ("programs", "programs", "d"),
-                ("note", "note", "")]
+                ("time (us), eager", "eager_us", ".1f"), ("note", "note", "")]
     for r in rows + tile_rows:
         r["ms"] = r["ms"] * 1e3  # report microseconds
+        if "eager_ms" in r:
+            r["eager_us"] = r.pop("eager_ms") * 1e3
     pre_cols = [("case", "case", ""), ("variant", "variant", ""), ("time (ms)", "ms", ".3f"),
                 ("TFLOP/s", "tflops", ".0f"), ("max err vs flash", "max_err_vs_flash", ".1e"), ("note", "note", "")]
     report = "\n".join(head) + "\n\n" + fmt_table(rows, dec_cols) + "\n\nSweep (grid waves, per-tile vs runs, fixed static splits):\n\n" + \

@@ -14,6 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.decode_roofline import use_gpu_dummy_weights  # noqa: E402
 from tessel.server.cli import main  # noqa: E402
 
+# At import, not under the main guard: the engine process (spawned) imports this file as its
+# ``__mp_main__``, and it is the one that draws the weights.
+use_gpu_dummy_weights()
+
 if __name__ == "__main__":
-    use_gpu_dummy_weights()
     sys.exit(main(["serve", *sys.argv[1:]]))

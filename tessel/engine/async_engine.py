@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from tessel.config.settings import EngineConfig
 from tessel.engine.core import EngineCore
@@ -67,7 +68,7 @@ def _coalesce(
     return merged, None
 
 
-def _aborted(request_id: str) -> RequestOutput:
+def aborted_output(request_id: str) -> RequestOutput:
     return RequestOutput(
         request_id, [], [CompletionOutput(0, "", [], finish_reason="abort")], finished=True
     )
@@ -100,11 +101,22 @@ class AsyncEngine:
         # streams take each step's outputs before the next step starts. On a GPU the step
         # mostly waits on the device, and the overlap is what hides the network work.
         self.deliver_between_steps = deliver_between_steps
+        self._init_front(core.tokenizer, model_name, core.max_model_len, core.parts.vocab_size, executor)
+
+    def _init_front(
+        self,
+        tokenizer: Any,
+        model_name: str,
+        max_model_len: int,
+        vocab_size: int,
+        executor: ThreadPoolExecutor | None,
+    ) -> None:
+        """The streams' side, which does not depend on where the core runs."""
         self.coalesce = COALESCE_BY_DEFAULT
-        self.tokenizer = core.tokenizer
+        self.tokenizer = tokenizer
         self.model_name = model_name
-        self.max_model_len = core.max_model_len
-        self.vocab_size = core.parts.vocab_size
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
         self._streams: dict[str, _Stream] = {}
         self._pending_adds: list[tuple[str, str | list[int], SamplingParams]] = []
         self._pending_aborts: list[str] = []
@@ -112,7 +124,7 @@ class AsyncEngine:
         self._task: asyncio.Task[None] | None = None
         self._executor = executor or _step_executor()
         self.last_progress = time.monotonic()
-        self.fatal_error: TensorParallelError | None = None
+        self.fatal_error: Exception | None = None
         self._fatal_callbacks: list[Callable[[BaseException], None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -143,8 +155,12 @@ class AsyncEngine:
             self._loop = asyncio.get_running_loop()
             self._task = asyncio.create_task(self._run(), name="tessel-engine-loop")
             self._task.add_done_callback(self._on_loop_end)
-            if self.core.parallel is not None:
-                self.core.parallel.on_failure(self._failure_from_any_thread)
+            self._watch_workers()
+
+    def _watch_workers(self) -> None:
+        """Tensor parallel: a worker that dies between steps stops the engine at once."""
+        if self.core.parallel is not None:
+            self.core.parallel.on_failure(self._failure_from_any_thread)
 
     async def shutdown(self) -> None:
         if self._task is not None:
@@ -277,7 +293,7 @@ class AsyncEngine:
             self.core.abort(rid)
             stream = self._streams.get(rid)
             if stream is not None:  # aborted from outside: tell the stream it is over
-                stream.queue.put_nowait(_aborted(rid))
+                stream.queue.put_nowait(aborted_output(rid))
         adds, self._pending_adds = self._pending_adds, []
         for rid, prompt, params in adds:
             stream = self._streams.get(rid)
@@ -306,7 +322,7 @@ class AsyncEngine:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._die, error)
 
-    def _die(self, error: TensorParallelError) -> None:
+    def _die(self, error: Exception) -> None:
         """Stop for good: fail every stream without touching the core (the step thread may
         still be inside it), stop the loop, stop the workers, tell the callbacks."""
         if self.fatal_error is not None:
@@ -320,9 +336,12 @@ class AsyncEngine:
             stream.queue.put_nowait(failure)
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()
-        threading.Thread(target=self.core.shutdown, name="tessel-tp-shutdown", daemon=True).start()
+        self._abandon_core()
         for callback in self._fatal_callbacks:
             callback(error)
+
+    def _abandon_core(self) -> None:
+        threading.Thread(target=self.core.shutdown, name="tessel-tp-shutdown", daemon=True).start()
 
     def _fail_all(self, error: EngineStepError) -> None:
         for rid in self.core.unfinished_request_ids():

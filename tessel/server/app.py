@@ -101,11 +101,12 @@ async def _load(
     owned: list[AsyncEngine],
     on_failure: Callable[[BaseException], None] | None,
 ) -> None:
-    from tessel.engine import AsyncEngine  # heavy (torch): imported only when a model is loaded
+    # heavy (torch): imported only when a model is loaded
+    from tessel.engine.process_engine import open_engine
 
     settings = state.settings
     try:
-        engine = await asyncio.to_thread(AsyncEngine.from_config, settings.engine_config())
+        engine = await asyncio.to_thread(open_engine, settings.engine_config(), settings.engine_process)
         owned.append(engine)
         await engine.start()
         if on_failure is not None:

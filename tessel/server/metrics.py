@@ -204,6 +204,11 @@ class EngineStatsCollector(Collector):
             "tensor_parallel_size",
             "Ranks (processes, one per GPU) the model is split across.",
         ),
+        (
+            "tessel_engine_decode_plan_imbalance",
+            "decode_plan_imbalance",
+            "The last decode step's attention plan: busiest bucket's load / mean load - 1.",
+        ),
     )
     COUNTERS = (
         (
@@ -222,6 +227,21 @@ class EngineStatsCollector(Collector):
             "Prompt tokens found in the prefix cache.",
         ),
         ("tessel_engine_steps", "steps_total", "Engine steps completed."),
+        (
+            "tessel_engine_gpu_idle_seconds",
+            "gpu_idle_seconds_total",
+            "Device time idle between one step's end and the next step's compute.",
+        ),
+        (
+            "tessel_engine_cuda_graph_steps",
+            "cuda_graph_steps_total",
+            "Engine steps replayed from a captured CUDA graph.",
+        ),
+        (
+            "tessel_engine_wasted_tokens",
+            "wasted_tokens_total",
+            "Tokens computed for requests that had already stopped (overlap scheduling).",
+        ),
     )
 
     def __init__(self, stats: Callable[[], Any | None], model_name: Callable[[], str]) -> None:

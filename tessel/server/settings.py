@@ -79,6 +79,9 @@ class ServerFields(BaseSettings):
     """On SIGTERM, how long requests in flight may run before the process exits anyway."""
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     """Python logging level for the server and uvicorn."""
+    engine_process: Literal["auto", "on", "off"] = "auto"
+    """Run the engine core in a process of its own, so the HTTP event loop and the engine's
+    Python do not share one GIL. auto: on a GPU at tensor-parallel size 1."""
 
     @field_validator("api_key", "cors_allow_origins", mode="before")
     @classmethod

@@ -1,15 +1,17 @@
 """The official ``openai`` client against a real ``tessel serve``; greedy texts equal the
-offline ``engine.LLM`` on the same prompts."""
+offline ``engine.LLM`` on the same prompts. Every test runs twice: the engine in the server's
+process (the CPU default) and in a process of its own (``--engine-process on``, a GPU's)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 import openai
 import pytest
 
 from tessel.engine import LLM, SamplingParams
-from tests.e2e.conftest import API_KEY, ServerProcess
+from tests.e2e.conftest import API_KEY, ServerProcess, start_server, stop_server
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
 GREEDY = SamplingParams(max_tokens=8, temperature=0)
@@ -26,6 +28,14 @@ def chat_ids(llm: LLM, content: str) -> list[int]:
     text = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     ids: list[int] = llm.tokenizer.encode(text, add_special_tokens=False)
     return ids
+
+
+@pytest.fixture(scope="module", params=["off", "on"], ids=["in-process", "engine-process"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    srv = start_server(tmp_path_factory.mktemp("tessel"), "--engine-process", request.param)
+    assert ("[engine] loaded" in srv.log()) == (request.param == "on")  # the child logs as [engine]
+    yield srv
+    stop_server(srv)
 
 
 @pytest.fixture(scope="module")

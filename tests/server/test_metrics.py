@@ -110,6 +110,17 @@ async def test_engine_gauges_and_counters_are_exported(
         > 0
     )
     assert ("tessel_num_preemptions_total", (("model_name", name),)) in samples
+    # The step counters may still move after the scrape (a step that was in flight): bracket them.
+    before, samples, after = stats, await scrape(client), engine.stats()
+    for metric, attr in [
+        ("tessel_engine_steps_total", "steps_total"),
+        ("tessel_engine_gpu_idle_seconds_total", "gpu_idle_seconds_total"),
+        ("tessel_engine_cuda_graph_steps_total", "cuda_graph_steps_total"),
+        ("tessel_engine_wasted_tokens_total", "wasted_tokens_total"),
+    ]:
+        assert getattr(before, attr) <= value(samples, metric, model_name=name) <= getattr(after, attr)
+    assert before.steps_total > 0
+    assert ("tessel_engine_decode_plan_imbalance", (("model_name", name),)) in samples
 
 
 async def test_each_app_has_its_own_registry(make_app: Callable[..., FastAPI]) -> None:
