@@ -20,6 +20,7 @@ from typing import Any
 from tessel.config.settings import EngineConfig
 from tessel.engine.async_engine import AsyncEngine, EngineDeadError, EngineStepError, aborted_output
 from tessel.engine.engine_process import EngineInfo, Events, run_engine_process
+from tessel.engine.faults import StepFaults
 from tessel.engine.stats import EngineStats
 
 log = logging.getLogger("tessel.engine")
@@ -117,6 +118,7 @@ class ProcessAsyncEngine(AsyncEngine):
         return time.monotonic() - self.last_progress
 
     def inject_step_fault(self, kind: str = "raise", seconds: float = 0.0) -> None:
+        StepFaults().inject(kind, seconds)  # a bad kind is refused here, not in the child
         self._send(("fault", kind, seconds))
 
     # ---- requests --------------------------------------------------------------------

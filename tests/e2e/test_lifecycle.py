@@ -75,8 +75,11 @@ def test_killed_client_leaves_no_kv_block(server: ServerProcess) -> None:
 
 
 @pytest.mark.slow
-def test_sigterm_drains_then_exits_zero(tmp_path: Path) -> None:
-    srv = start_server(tmp_path, "--drain-timeout-s", "120")
+@pytest.mark.parametrize("engine_process", ["off", "on"], ids=["in-process", "engine-process"])
+def test_sigterm_drains_then_exits_zero(tmp_path: Path, engine_process: str) -> None:
+    """The drain also holds with the engine in a child process (SIGTERM goes to the server's
+    process alone, as Kubernetes sends it), and the child is gone after the exit."""
+    srv = start_server(tmp_path, "--drain-timeout-s", "120", "--engine-process", engine_process)
     try:
         body = {"prompt": "Count slowly:", "max_tokens": 24, "ignore_eos": True, "stream": True}
         frames: list[str] = []
@@ -101,6 +104,8 @@ def test_sigterm_drains_then_exits_zero(tmp_path: Path) -> None:
         )  # the request in flight finished
         assert srv.process.wait(timeout=60) == 0, srv.log()
         assert "draining 1 request" in srv.log()
+        assert ("[engine] loaded" in srv.log()) == (engine_process == "on")
+        assert "Traceback" not in srv.log()  # the child stopped when told, not killed mid-step
     finally:
         stop_server(srv)
 

@@ -97,6 +97,23 @@ async def test_a_failed_step_ends_its_requests_only(engine: ProcessAsyncEngine) 
     assert len(await _collect(engine, [5, 6, 7], GREEDY, "survivor")) == 10
 
 
+async def test_a_stalled_step_shows_as_no_progress(engine: ProcessAsyncEngine) -> None:
+    """What the server's watchdog reads: time without a step while work is pending."""
+    stream = engine.generate([5, 6, 7], LONG, "stalled")
+    await anext(stream)
+    with pytest.raises(ValueError, match="fault kind"):
+        engine.inject_step_fault("hang")
+    engine.inject_step_fault("stall", 1.5)
+    await asyncio.sleep(1.0)
+    assert engine.seconds_without_progress() > 0.5
+    assert len([t async for out in stream for t in out.outputs[0].token_ids]) > 0  # it ends after the stall
+    for _ in range(100):  # the child's last message says it has nothing left to do
+        if engine.seconds_without_progress() == 0.0:
+            break
+        await asyncio.sleep(0.02)
+    assert engine.seconds_without_progress() == 0.0
+
+
 async def test_a_dead_child_fails_the_streams_instead_of_hanging(tiny_dir: Path) -> None:
     engine = await asyncio.to_thread(
         ProcessAsyncEngine.from_config, engine_config_from_kwargs(str(tiny_dir), block_size=4)
