@@ -21,11 +21,14 @@ import signal
 import threading
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tessel.config.settings import EngineConfig
 from tessel.engine.request import RequestOutput
 from tessel.engine.stats import EngineStats
+
+if TYPE_CHECKING:
+    from tessel.engine.core import EngineCore
 
 log = logging.getLogger("tessel.engine")
 
@@ -95,7 +98,7 @@ def _read_commands(commands: Connection, inbox: queue.Queue[tuple[Any, ...]]) ->
         inbox.put(("shutdown",))
 
 
-def _serve(core: Any, inbox: queue.Queue[tuple[Any, ...]], events: Connection) -> None:
+def _serve(core: EngineCore, inbox: queue.Queue[tuple[Any, ...]], events: Connection) -> None:
     while True:
         # Idle: wait for a command. Busy: take what has come in, then step.
         pending = [inbox.get()] if not core.has_unfinished() else []
@@ -124,7 +127,7 @@ def _serve(core: Any, inbox: queue.Queue[tuple[Any, ...]], events: Connection) -
         events.send(("events", out))
 
 
-def _apply(core: Any, command: tuple[Any, ...], out: Events) -> None:
+def _apply(core: EngineCore, command: tuple[Any, ...], out: Events) -> None:
     kind = command[0]
     if kind == "add":
         _, rid, prompt, params = command
