@@ -10,6 +10,7 @@ import pytest
 from tessel.engine import LLM, AsyncEngine, SamplingParams
 from tessel.engine.async_engine import EngineDeadError
 from tessel.engine.llm import engine_config_from_kwargs
+from tessel.engine.process_engine import open_engine
 from tests.checkpoints import write_tiny_checkpoint
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
@@ -41,8 +42,10 @@ async def test_concurrent_streams_equal_offline(tiny_dir: Path) -> None:
         await engine.shutdown()
 
 
-async def test_leaving_a_stream_or_aborting_frees_every_block(tiny_dir: Path) -> None:
-    engine = AsyncEngine.from_config(engine_config_from_kwargs(str(tiny_dir), block_size=4))
+@pytest.mark.parametrize("engine_process", ["off", "on"], ids=["in-process", "engine-process"])
+async def test_leaving_a_stream_or_aborting_frees_every_block(tiny_dir: Path, engine_process: str) -> None:
+    config = engine_config_from_kwargs(str(tiny_dir), block_size=4)
+    engine = await asyncio.to_thread(open_engine, config, engine_process)
     await engine.start()
     long = SamplingParams(temperature=0.0, max_tokens=190, ignore_eos=True)
     try:
