@@ -125,6 +125,30 @@ def test_quantization_error_is_within_half_a_step() -> None:
     assert (err <= x.abs() * 2**-4 + f.scale * 2**-9).all()  # 3 mantissa bits; subnormals near 0
 
 
+@pytest.mark.parametrize("split_k", [2, 3, 5])
+def test_split_k_is_exact_and_leaves_its_counts_at_zero(device: str, split_k: int) -> None:
+    """K cut into ranges summed by the tile's last program: int8 stays bit-exact in int32 (5
+    ranges of a 5-step K: one each; 3 of 5: uneven; with K = 200 some ranges are empty), the
+    dequantized output matches, and a second launch (the arrival counts reset) does too."""
+    m, n, k = 37, 72, 1100
+    config = gemm_configs._config(16, 32, 256 if k > 1000 else 64, 4, 2, True, split_k)
+    g = torch.Generator().manual_seed(split_k)
+    a = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
+    b = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    for _ in range(2):
+        assert torch.equal(gemm.int8_mm(a.to(device), b.to(device), config=config).cpu(), _int_products(a, b))
+    assert all(torch.all(counts == 0) for counts in gemm._arrivals.values())
+    dtype = _act_dtype(device)
+    for qdtype, kk in ((torch.int8, 200), (FP8_DTYPE, 1100)):
+        xq = ref.quantize_rows(_rows(m, kk, device, dtype), qdtype)
+        wq = ref.quantize_rows(torch.randn(n, kk, device=device), qdtype)
+        bias = torch.randn(n, device=device).to(dtype)
+        got = gemm.scaled_mm(xq.data, xq.scale, wq.data, wq.scale, bias, dtype, config=config)
+        want = ref.scaled_mm(xq.data, xq.scale, wq.data, wq.scale, bias, dtype)
+        tol = dict(rtol=2**-7, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(got, want, **tol)  # type: ignore[arg-type]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("config", gemm_configs.all_configs()

@@ -8,6 +8,13 @@ in fp32 and casts to the output dtype, so the int32/fp32 tile never reaches memo
 On Hopper, fp8 wgmma adds into its accumulator with reduced precision (about 14 bits), which
 over a K of 14336 costs ~1% of the output; the sums are promoted into a full fp32 accumulator
 every ``FP8_PROMOTE_K`` elements of K (DeepGEMM's choice of 128), for a few percent of speed.
+
+Split-K (``SPLIT_K`` > 1, decode-sized M): at M <= 64 a tile wide enough not to re-read the
+activations for every few weight rows leaves too few tiles to fill the SMs (N = 4096 in tiles of
+128 is 32 programs on 132 SMs). Each tile's K is then cut into ``SPLIT_K`` ranges, one program
+each; every program but the last to finish parks its raw accumulator in a workspace, and the last
+(an atomic arrival count per tile) adds them up and runs the epilogue, so the split costs no
+extra launch. The int8 partial sums stay int32: the result is bit-exact with no split.
 """
 
 from __future__ import annotations
@@ -28,15 +35,18 @@ FP8_PROMOTE_K: int | None = 128  # None: the backend's default (no promotion on 
 # M varies every step: not specialised on, so one compile serves every batch size.
 @triton.jit(do_not_specialize=["M", "M_BUCKET"])
 def _scaled_mm_kernel(
-    a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr,
+    a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr, ws_ptr, arrivals_ptr,
     M, N, K, stride_am, stride_bn, stride_cm,
     M_BUCKET,  # keys the autotuner (see gemm_configs); unused in the body, not a constexpr so
     # buckets sharing a tile config share its compiled kernel
     ACC_DTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, RAW_ACC: tl.constexpr, EVEN_K: tl.constexpr,
     IMPRECISE_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr = 1,
 ):
     pid = tl.program_id(0)
+    pid_k = pid % SPLIT_K  # a tile's K ranges are neighbours in launch order: they run together
+    pid = pid // SPLIT_K
     grid_m = tl.cdiv(M, BLOCK_M)
     grid_n = tl.cdiv(N, BLOCK_N)
     # Grouped order: GROUP_M row tiles in a row walk the same column tiles of b while in L2.
@@ -51,10 +61,13 @@ def _scaled_mm_kernel(
     rm = offs_m % M  # rows/columns past the edge re-read valid ones; the store masks them
     rn = offs_n % N
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + rm[:, None].to(tl.int64) * stride_am + offs_k[None, :]
-    b_ptrs = b_ptr + rn[None, :].to(tl.int64) * stride_bn + offs_k[:, None]
+    k_steps = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
+    k_first = pid_k * k_steps
+    k_last = min(k_first + k_steps, tl.cdiv(K, BLOCK_K))  # the last range may be short or empty
+    a_ptrs = a_ptr + rm[:, None].to(tl.int64) * stride_am + (k_first * BLOCK_K + offs_k)[None, :]
+    b_ptrs = b_ptr + rn[None, :].to(tl.int64) * stride_bn + (k_first * BLOCK_K + offs_k)[:, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC_DTYPE)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
+    for k in range(k_first, k_last):
         if EVEN_K:
             a = tl.load(a_ptrs)
             b = tl.load(b_ptrs)
@@ -68,6 +81,20 @@ def _scaled_mm_kernel(
 
     c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :]
     c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if SPLIT_K > 1:
+        tile_size: tl.constexpr = BLOCK_M * BLOCK_N
+        in_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        parts = ws_ptr + pid.to(tl.int64) * (SPLIT_K * tile_size) + in_tile
+        tl.store(parts + pid_k * tile_size, acc)
+        tl.debug_barrier()  # every thread's part is written before the arrival is counted
+        last = tl.atomic_add(arrivals_ptr + pid, 1, sem="acq_rel") == SPLIT_K - 1
+        for s in tl.static_range(SPLIT_K):
+            # .cg: read the other programs' parts from L2, where their stores landed
+            # the mask as a comparison of the tile: the interpreter wants a boolean array
+            take = in_tile < tl.where(last & (pid_k != s), tile_size, 0)
+            acc += tl.load(parts + s * tile_size, mask=take, other=0, cache_modifier=".cg")
+        tl.store(arrivals_ptr + pid, 0, mask=last)  # ready for the next launch
+        c_mask = c_mask & (in_tile < tl.where(last, tile_size, 0))
     if RAW_ACC:
         tl.store(c_ptrs, acc, mask=c_mask)
     else:
@@ -113,6 +140,20 @@ def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
+_ACC = {torch.int8: torch.int32, FP8_DTYPE: torch.float32}
+_arrivals: dict[torch.device, torch.Tensor] = {}
+
+
+def _arrival_counts(device: torch.device, tiles: int) -> torch.Tensor:
+    """Zeroed per-tile counters the split-K programs count their arrivals in; each launch's last
+    arrival sets its tile's back to 0, so one buffer per device serves every launch (one stream
+    of launches at a time: the engine's)."""
+    counts = _arrivals.get(device)
+    if counts is None or counts.numel() < tiles:
+        counts = _arrivals[device] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
+    return counts
+
+
 def _launch(a, b, c, a_scale, b_scale, bias, raw: bool, config: triton.Config | None) -> None:  # type: ignore[no-untyped-def]
     m, k = a.shape
     n = b.shape[0]
@@ -122,20 +163,25 @@ def _launch(a, b, c, a_scale, b_scale, bias, raw: bool, config: triton.Config | 
         M_BUCKET=gemm_configs.m_bucket(m), ACC_DTYPE=tl.int32 if a.dtype == torch.int8 else tl.float32,
         HAS_BIAS=bias is not None, RAW_ACC=raw,
     )
-    args = (a, b, c, a_scale, b_scale, bias if bias is not None else b_scale, m, n, k,
-            a.stride(0), b.stride(0), c.stride(0))
     if config is None:
         config = gemm_configs.pinned_config(_device_name(a.device), "int8" if a.dtype == torch.int8 else "fp8",
                                             meta["M_BUCKET"], n, k)
+    operands = (a, b, c, a_scale, b_scale, bias if bias is not None else b_scale)
+    sizes = (m, n, k, a.stride(0), b.stride(0), c.stride(0))
     if config is None:
         grid = lambda cfg: (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)  # noqa: E731
-        _tuned_kernel[grid](*args, **meta)
+        _tuned_kernel[grid](*operands, c, c, *sizes, **meta)  # no split: workspace and counts unused
         return
     kw = config.kwargs
-    grid1 = (triton.cdiv(m, kw["BLOCK_M"]) * triton.cdiv(n, kw["BLOCK_N"]),)
-    _scaled_mm_kernel[grid1](*args, **meta, **kw, EVEN_K=k % kw["BLOCK_K"] == 0,
-                             IMPRECISE_K=_imprecise_k(a.dtype, kw["BLOCK_K"]),
-                             num_warps=config.num_warps, num_stages=config.num_stages)
+    tiles = triton.cdiv(m, kw["BLOCK_M"]) * triton.cdiv(n, kw["BLOCK_N"])
+    split = kw.get("SPLIT_K", 1)
+    ws, arrivals = c, c
+    if split > 1:
+        ws = torch.empty(tiles * split * kw["BLOCK_M"] * kw["BLOCK_N"], dtype=_ACC[a.dtype], device=a.device)
+        arrivals = _arrival_counts(a.device, tiles)
+    _scaled_mm_kernel[(tiles * split,)](*operands, ws, arrivals, *sizes, **meta, **kw, EVEN_K=k % kw["BLOCK_K"] == 0,
+                                        IMPRECISE_K=_imprecise_k(a.dtype, kw["BLOCK_K"]),
+                                        num_warps=config.num_warps, num_stages=config.num_stages)
 
 
 def scaled_mm(

@@ -9,6 +9,7 @@ compute-bound: wide tiles, deep K steps for the int8/fp8 tensor cores.
 from __future__ import annotations
 
 import inspect
+import json
 import os
 from typing import Any
 
@@ -29,28 +30,51 @@ DEFAULT = (32, 32, 64, 4, 2)  # untuned (tests, interpreter): (BLOCK_M, BLOCK_N,
 
 
 # Per-shape picks on the H200 at M = 64 (benchmarks/quant_sweep.py, CUDA-graph timed, weights
-# cold in L2), as vLLM ships per-device tile tables: the autotuner's flushed, eager do_bench ranks
+# cold in L2; a sixth entry is SPLIT_K, from its --split sweep), as vLLM ships per-device tile tables: the autotuner's flushed, eager do_bench ranks
 # 10-40 us kernels partly by launch noise. TESSEL_W8A8_PINNED=0 leaves every shape to it.
-# (dtype, M bucket, N, K) -> (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
-_PINNED: dict[str, dict[tuple[str, int, int, int], tuple[int, int, int, int, int]]] = {"NVIDIA H200": {
+# (dtype, M bucket, N, K) -> (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages[, SPLIT_K])
+_PINNED: dict[str, dict[tuple[str, int, int, int], tuple[int, ...]]] = {"NVIDIA H200": {
     ("int8", 64, 6144, 4096): (64, 64, 256, 4, 5), ("int8", 64, 4096, 4096): (64, 32, 256, 4, 5),
-    ("int8", 64, 28672, 4096): (64, 64, 128, 4, 3), ("int8", 64, 4096, 14336): (64, 32, 256, 4, 5),
-    ("fp8", 64, 6144, 4096): (64, 64, 256, 8, 5), ("fp8", 64, 4096, 4096): (64, 32, 256, 4, 5),
-    ("fp8", 64, 28672, 4096): (64, 64, 128, 4, 3), ("fp8", 64, 4096, 14336): (64, 32, 256, 4, 5),
+    ("int8", 64, 28672, 4096): (64, 64, 128, 4, 3), ("int8", 64, 4096, 14336): (64, 64, 256, 4, 5, 2),
+    ("fp8", 64, 6144, 4096): (64, 64, 256, 8, 5), ("fp8", 64, 4096, 4096): (64, 64, 256, 4, 5, 2),
+    ("fp8", 64, 28672, 4096): (64, 64, 128, 4, 3), ("fp8", 64, 4096, 14336): (64, 64, 256, 4, 5, 2),
+    # M = 256: only the clear wins of the split-K sweep (down_proj 1.21-1.22x, fp8 o_proj 1.36x
+    # over the autotuner's pick); the rest stays autotuned
+    ("int8", 256, 4096, 14336): (64, 128, 128, 4, 4, 2), ("fp8", 256, 4096, 14336): (64, 128, 128, 4, 4, 2),
+    ("fp8", 256, 4096, 4096): (64, 64, 128, 4, 4),
 }}
 PINNED_ENABLED = os.environ.get("TESSEL_W8A8_PINNED", "1") == "1"
 
 
+def _load_pin_file(path: str | None) -> dict[tuple[str, int, int, int], tuple[int, ...]]:
+    """Extra pins for this run's device from a JSON file (``benchmarks/quant_sweep.py --pins-out``
+    writes one): {"int8,64,6144,4096": [BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, SPLIT_K], ...}."""
+    if not path:
+        return {}
+    with open(path) as f:
+        raw = json.load(f)
+    out = {}
+    for key, shape in raw.items():
+        dtype, bucket, n, k = key.split(",")
+        out[(dtype, int(bucket), int(n), int(k))] = tuple(int(v) for v in shape)
+    return out
+
+
+_FILE_PINS = _load_pin_file(os.environ.get("TESSEL_W8A8_PIN_FILE"))
+
+
 def pinned_config(device_name: str, dtype: str, bucket: int, n: int, k: int) -> triton.Config | None:
     """The measured tile for this device and shape, or None (then the autotuner picks)."""
-    shape = _PINNED.get(device_name, {}).get((dtype, bucket, n, k))
-    return None if shape is None or not (PINNED_ENABLED and autotune_enabled()) else _config(*shape, bucket <= SMALL_M)
+    shape = _FILE_PINS.get((dtype, bucket, n, k)) or _PINNED.get(device_name, {}).get((dtype, bucket, n, k))
+    if shape is None or not (PINNED_ENABLED and autotune_enabled()):
+        return None
+    return _config(*shape[:5], bucket <= SMALL_M, *shape[5:])
 
 
 def pinned_configs() -> list[triton.Config]:
     """Every distinct pinned tile (the GPU tests run each once)."""
     shapes = {(key[1] <= SMALL_M, shape) for table in _PINNED.values() for key, shape in table.items()}
-    return [_config(*shape, small) for small, shape in sorted(shapes)]
+    return [_config(*shape[:5], small, *shape[5:]) for small, shape in sorted(shapes)]
 
 
 def m_bucket(m: int) -> int:
@@ -58,9 +82,9 @@ def m_bucket(m: int) -> int:
     return next((b for b in M_BUCKETS if m <= b), M_BUCKETS[-1])
 
 
-def _config(bm: int, bn: int, bk: int, warps: int, stages: int, small: bool) -> triton.Config:
-    cfg = triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
-                        num_warps=warps, num_stages=stages)
+def _config(bm: int, bn: int, bk: int, warps: int, stages: int, small: bool, split_k: int = 1) -> triton.Config:
+    tile = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}
+    cfg = triton.Config(tile | ({"SPLIT_K": split_k} if split_k > 1 else {}), num_warps=warps, num_stages=stages)
     cfg.for_decode = small  # type: ignore[attr-defined]  # read by prune_by_bucket only
     return cfg
 
