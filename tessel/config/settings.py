@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 LoadFormat = Literal["auto", "gguf", "hf", "dummy"]
 Quantization = Literal["int8", "fp8"]
+QuantRotation = Literal["residual", "residual_and_down"]
 
 
 class _Frozen(BaseModel):
@@ -44,6 +45,12 @@ class ModelConfig(_Frozen):
     it) and its weight column multiplied by the same. None: no smoothing."""
     smoothquant_calibration: str | None = None
     """Text file of SmoothQuant calibration prompts, one per line; None: the built-in prompts."""
+    quant_rotation: QuantRotation | None = None
+    """Rotation (QuaRot) before load-time quantization, exact without it: residual = the residual
+    stream turned by a seeded random-sign Hadamard matrix, folded into the weights (free at run
+    time; a tied LM head gets its own copy); residual_and_down = also down_proj's input, online
+    (a Hadamard transform per token and layer). Before SmoothQuant when both are set. One GPU or
+    CPU process only (tensor_parallel_size=1). None: no rotation."""
 
     @model_validator(mode="after")
     def _smoothing_needs_quantization(self) -> ModelConfig:
@@ -51,6 +58,8 @@ class ModelConfig(_Frozen):
             self.smoothquant_alpha is not None or self.smoothquant_calibration is not None
         ):
             raise ValueError("smoothquant_alpha / smoothquant_calibration need quantization set")
+        if self.quantization is None and self.quant_rotation is not None:
+            raise ValueError("quant_rotation needs quantization set")
         if self.smoothquant_calibration is not None and self.smoothquant_alpha is None:
             raise ValueError("smoothquant_calibration is given but smoothquant_alpha is not")
         return self
@@ -116,4 +125,8 @@ class EngineConfig(_Frozen):
         sizes = self.cuda_graph_batch_sizes
         if sizes is not None and (not sizes or min(sizes) < 1):
             raise ValueError("cuda_graph_batch_sizes must be a non-empty list of sizes >= 1")
+        if self.model.quant_rotation is not None and self.tensor_parallel_size > 1:
+            # each rank holds a vocabulary slice of the embedding and a slice of the MLP width:
+            # folding the rotation would need the whole matrices gathered, for a load-time gain
+            raise ValueError("model.quant_rotation needs tensor_parallel_size=1")
         return self

@@ -1,5 +1,5 @@
 """W8A8 in the engine: which layers get quantized, compressed-tensors checkpoints, SmoothQuant's
-folding, and the errors for what is not supported. Tiny random checkpoints, CPU reference path."""
+and rotation's folding, and the errors for what is not supported. Tiny random checkpoints, CPU reference path."""
 
 from __future__ import annotations
 
@@ -13,8 +13,15 @@ from safetensors.torch import load_file, save_file
 from tessel.config import ModelConfig
 from tessel.config.quantization import QUANTIZED_LAYERS, UNQUANTIZED_LAYERS
 from tessel.engine import LLM, SamplingParams
+from tessel.engine.llm import engine_config_from_kwargs
 from tessel.engine.loader import CheckpointError
 from tessel.engine.models.layers.quantization.calibration import prefill_hidden
+from tessel.engine.models.layers.quantization.rotation import (
+    hadamard_factors,
+    rotate_down_input,
+    rotate_residual,
+    rotation_matrix,
+)
 from tessel.engine.models.layers.quantization.smoothquant import smooth_model
 from tessel.kernels.quant import reference as quant_reference
 from tests.checkpoints import write_tiny_checkpoint
@@ -115,6 +122,8 @@ def test_checkpoint_quantization_errors_name_the_problem(tiny: Path, tmp_path: P
         LLM(str(tmp_path / "w8a8"), num_blocks=8, quantization="fp8")
     with pytest.raises(ValueError, match="smoothquant_alpha applies to load-time"):
         LLM(str(tmp_path / "w8a8"), num_blocks=8, quantization="int8", smoothquant_alpha=0.5)
+    with pytest.raises(ValueError, match="quant_rotation applies to load-time"):
+        LLM(str(tmp_path / "w8a8"), num_blocks=8, quantization="int8", quant_rotation="residual")
     config_path = tmp_path / "w8a8" / "config.json"
     config = json.loads(config_path.read_text())
     config["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"] = "tensor"
@@ -151,13 +160,68 @@ def test_smoothquant_folding_keeps_the_float_model(tiny: Path) -> None:
     assert not torch.allclose(model.model.layers[0].input_layernorm.weight, norm_before)
 
 
+@pytest.mark.parametrize("n", [2, 4, 12, 20, 28, 36, 48, 576, 1536, 3584, 4864, 14336])
+def test_hadamard_factors_are_hadamard(n: int) -> None:
+    """Sylvester x Paley I (q = 3 mod 4) or II (q = 1 mod 4): +-1 entries, ``H H^T = n I``."""
+    factors = hadamard_factors(n)
+    assert factors is not None
+    h = torch.kron(*factors)
+    assert h.shape == (n, n) and bool((h.abs() == 1).all())
+    assert torch.equal(h @ h.T, n * torch.eye(n, dtype=torch.float64))
+
+
+def test_rotation_matrix_is_orthogonal_and_seeded() -> None:
+    assert hadamard_factors(50) is None and hadamard_factors(9) is None  # 50: the seeded QR instead
+    for n in (50, 576):
+        q = rotation_matrix(n, seed=3)
+        torch.testing.assert_close(q @ q.T, torch.eye(n, dtype=torch.float64), rtol=0, atol=1e-12)
+        assert torch.equal(q, rotation_matrix(n, seed=3)) and not torch.equal(q, rotation_matrix(n, seed=4))
+
+
+@pytest.mark.parametrize(
+    ("arch", "overrides"),
+    [
+        ("llama", {"tie_word_embeddings": True, "hidden_size": 48, "intermediate_size": 96}),  # 12 x 4, 12 x 8
+        ("qwen2", {"hidden_size": 50}),  # no Hadamard of order 50: a random orthogonal; q/k/v biases
+    ],
+)
+def test_rotation_keeps_the_float_model(tmp_path: Path, arch: str, overrides: dict[str, object]) -> None:
+    """Rotating the residual stream and down_proj's input is exact in real arithmetic: fp32 logits
+    stay within rounding; the gains are folded (ones) and a tied head becomes its own."""
+    model = model_of(LLM(str(write_tiny_checkpoint(tmp_path, arch, **overrides)), num_blocks=32))
+    ids = PROMPTS[2]
+    before = model.compute_logits(prefill_hidden(model, ids))
+    embedding = model.model.embed_tokens.weight.clone()
+    rotate_residual(model)
+    rotate_down_input(model)
+    model.pack_cpu_weights()  # the oneDNN copies of the turned weights, as after quantize_model
+    after = model.compute_logits(prefill_hidden(model, ids))
+    torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
+    assert model.lm_head is not None and model.head is model.lm_head
+    assert not torch.allclose(model.model.embed_tokens.weight, embedding)
+    for name, param in model.named_parameters():
+        if name.endswith("layernorm.weight") or name == "model.norm.weight":
+            assert torch.equal(param, torch.ones_like(param)), name
+
+
+def test_rotation_settings_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="quant_rotation needs quantization set"):
+        ModelConfig(quant_rotation="residual")
+    with pytest.raises(ValueError, match="quant_rotation needs tensor_parallel_size=1"):
+        engine_config_from_kwargs(None, quantization="int8", quant_rotation="residual", tensor_parallel_size=2)
+    odd = write_tiny_checkpoint(tmp_path, "llama", intermediate_size=100)
+    with pytest.raises(ValueError, match="Hadamard matrix of intermediate_size 100"):
+        LLM(str(odd), num_blocks=8, quantization="int8", quant_rotation="residual_and_down")
+    LLM(str(odd), num_blocks=8, quantization="int8", quant_rotation="residual")  # folded: any size
+
+
 def test_int8_engine_tracks_the_float_engine(tiny: Path) -> None:
     """Generation runs end to end on int8 (fused norm/SiLU quantization, int8 GEMMs) and its
     logits stay close to the float model's; SmoothQuant calibrates from the tokenizer's prompts."""
     ids = PROMPTS[2]
     plain = model_of(LLM(str(tiny), num_blocks=32))
-    for kwargs in ({}, {"smoothquant_alpha": 0.5}):
-        llm = LLM(str(tiny), num_blocks=32, quantization="int8", **kwargs)
+    for kwargs in ({}, {"smoothquant_alpha": 0.5}, {"quant_rotation": "residual_and_down", "smoothquant_alpha": 0.5}):
+        llm = LLM(str(tiny), num_blocks=32, quantization="int8", **kwargs)  # type: ignore[arg-type]
         assert all(len(t) == GREEDY.max_tokens for t in generate(llm))
         got = model_of(llm).compute_logits(prefill_hidden(model_of(llm), ids))
         want = plain.compute_logits(prefill_hidden(plain, ids))

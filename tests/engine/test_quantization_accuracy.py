@@ -5,7 +5,8 @@ and is compared with the float32 model: perplexity ratio, and how often its top-
 the float32 model's.
 
 Issue 7 asks for perplexity within 2% and top-1 agreement >= 97%. Measured here (SmolLM2-135M):
-only int8 with SmoothQuant (alpha 0.5) meets the perplexity target; none meets 97% agreement, and
+int8 with SmoothQuant (alpha 0.5) and int8 with rotation (residual stream and down_proj's input)
+meet the perplexity target; none meets 97% agreement (rotated int8 comes nearest, ~95%), and
 the ``bf16`` row shows why: the unquantized model merely run in bfloat16 agrees at ~97.3%, and
 quantizing any single one of the 30 layers already costs 1-3 points (the text has many near-tied
 next tokens). So the bounds below are the issue's where they hold and, elsewhere, the measured
@@ -37,7 +38,14 @@ VARIANTS = {
     "bf16": ({"dtype": "bfloat16"}, 1.01, 0.955),  # 1.0046, 0.9726 / 1.0019, 0.9662: the metric's floor
     "int8-smoothquant0.5": ({"quantization": "int8", "smoothquant_alpha": 0.5}, 1.02, 0.90),  # 0.9961, 0.9198 / 0.9955, 0.9262
     "int8": ({"quantization": "int8"}, 1.08, 0.85),  # 1.0476, 0.8861 / 1.0651, 0.8776
+    # Rotation's figures move by about a point with its seed (seeds 0-3, AVX-512: 0.9515, 0.9662,
+    # 0.9451, 0.9557); SmoothQuant on top of it adds nothing measurable (alpha 0.3: 0.9641, 0.9494, 0.9473).
+    "int8-rotation": ({"quantization": "int8", "quant_rotation": "residual_and_down"}, 1.02, 0.93),  # - / 1.0008, 0.9515
+    "int8-rotation-residual": ({"quantization": "int8", "quant_rotation": "residual"}, 1.04, 0.90),  # - / 1.0230, 0.9283
     "fp8-numerics-on-cpu": ({"quantization": "fp8"}, 1.05, 0.90),  # 1.0353, 0.9241 / 1.0231, 0.9241
+    # Rotation hurts E4M3, whose error is relative: it spreads the error of the few huge channels
+    # over all of them. Kept as a measured regression bound, not a recommendation.
+    "fp8-rotation": ({"quantization": "fp8", "quant_rotation": "residual_and_down"}, 1.12, 0.83),  # - / 1.0864, 0.8629
 }
 
 

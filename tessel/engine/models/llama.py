@@ -102,9 +102,13 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(
             arch.intermediate_size, arch.hidden_size, tp=tp, method=_method(quant, f"{prefix}.down_proj")
         )
+        # quant_rotation='residual_and_down' sets it (quantization.rotation): x -> x H before down
+        self.down_input_rotation: nn.Module | None = None
 
     def forward(self, x: torch.Tensor | QuantizedTensor) -> torch.Tensor:
         h = self.gate_up_proj(x)
+        if self.down_input_rotation is not None:  # down_proj quantizes the turned input itself
+            return self.down_proj(self.down_input_rotation(dispatch.silu_and_mul(h)))
         quant = self.down_proj.input_quant
         return self.down_proj(dispatch.silu_and_mul(h) if quant is None else dispatch.silu_and_mul_quant(h, quant))
 

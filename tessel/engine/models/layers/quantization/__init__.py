@@ -2,7 +2,7 @@
 
 ``resolve_quant_config`` reads ``ModelConfig.quantization`` and the checkpoint's own
 quantization_config; ``build_model(..., quant=)`` gives layers of an already-quantized checkpoint
-their 8-bit parameters; the loader fills them; ``quantize_model`` then smooths (SmoothQuant,
+their 8-bit parameters; the loader fills them; ``quantize_model`` then rotates (QuaRot) and smooths (SmoothQuant,
 optional) and quantizes the float layers, and finalizes the checkpoint-quantized ones.
 """
 

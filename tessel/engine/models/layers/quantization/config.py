@@ -28,6 +28,7 @@ class QuantConfig:
     ignore: tuple[str, ...] = ()  # checkpoint module names or "re:<regex>" kept unquantized
     smoothquant_alpha: float | None = None
     calibration_path: str | None = None
+    rotation: str | None = None  # ModelConfig.quant_rotation: "residual" or "residual_and_down"
 
     @property
     def qdtype(self) -> torch.dtype:
@@ -71,6 +72,8 @@ def resolve_quant_config(cfg: ModelConfig, hf_config: dict[str, Any], device: to
             )
         if cfg.smoothquant_alpha is not None:
             raise ValueError("smoothquant_alpha applies to load-time quantization; this checkpoint is already quantized")
+        if cfg.quant_rotation is not None:
+            raise ValueError("quant_rotation applies to load-time quantization; this checkpoint is already quantized")
         quant = QuantConfig(ckpt.scheme, from_checkpoint=True, ignore=ckpt.ignore)
     elif cfg.quantization is None:
         return None
@@ -78,6 +81,7 @@ def resolve_quant_config(cfg: ModelConfig, hf_config: dict[str, Any], device: to
         quant = QuantConfig(
             cfg.quantization, from_checkpoint=False,
             smoothquant_alpha=cfg.smoothquant_alpha, calibration_path=cfg.smoothquant_calibration,
+            rotation=cfg.quant_rotation,
         )
     if quant.scheme == "fp8":
         check_fp8_device(device)

@@ -11,6 +11,7 @@ from torch import nn
 from tessel.engine.models.layers.linear import ColumnParallelLinear, RowParallelLinear
 from tessel.engine.models.layers.quantization.calibration import calibration_prompts
 from tessel.engine.models.layers.quantization.config import QuantConfig
+from tessel.engine.models.layers.quantization.rotation import rotate_down_input, rotate_residual
 from tessel.engine.models.layers.quantization.smoothquant import smooth_model
 from tessel.engine.models.layers.quantization.w8a8 import W8A8LinearMethod
 
@@ -19,14 +20,19 @@ log = logging.getLogger("tessel.quantization")
 
 @torch.inference_mode()
 def quantize_model(model: nn.Module, quant: QuantConfig, tokenizer: Any = None) -> int:
-    """Smooth (if asked), quantize each covered layer's weight per output channel, and finalize
-    checkpoint-quantized layers; returns how many layers are W8A8. Frees the float weights."""
+    """Rotate and smooth (if asked), quantize each covered layer's weight per output channel, and
+    finalize checkpoint-quantized layers; returns how many layers are W8A8. Frees the float weights."""
+    if quant.rotation is not None:
+        rotate_residual(model)
+        log.info("residual stream rotated (quant_rotation=%s)", quant.rotation)
     if quant.smoothquant_alpha is not None:
         if tokenizer is None:
             raise ValueError("smoothquant_alpha needs a tokenizer to encode its calibration prompts; this model has none")
         prompts = [tokenizer.encode(p) for p in calibration_prompts(quant.calibration_path)]
         smooth_model(model, prompts, quant.smoothquant_alpha)
         log.info("SmoothQuant alpha=%.2f calibrated on %d prompts", quant.smoothquant_alpha, len(prompts))
+    if quant.rotation == "residual_and_down":  # after smoothing, which calibrates on the unturned input
+        rotate_down_input(model)
     count = 0
     for name, module in model.named_modules():
         if not isinstance(module, ColumnParallelLinear | RowParallelLinear) or not quant.is_quantized(name):
