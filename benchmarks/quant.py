@@ -143,15 +143,18 @@ def decode_rate(llm: Any, batch: int, seed: int) -> float:
     return tokens / (max(t[-1] for t in times) - t0)
 
 
-def engine_case(quantization: str | None) -> dict[str, Any]:
+def engine_case(variant: str) -> dict[str, Any]:
+    """``variant``: bf16, int8, fp8, or int8+rotation (quant_rotation=residual_and_down)."""
     from tessel.engine import LLM, SamplingParams
 
     start = time.perf_counter()
-    llm = LLM(MODEL, load_format="dummy", quantization=quantization, max_model_len=1024, max_num_seqs=256,
+    quantization, _, rotation = variant.partition("+")
+    llm = LLM(MODEL, load_format="dummy", quantization=None if quantization == "bf16" else quantization,
+              quant_rotation="residual_and_down" if rotation else None, max_model_len=1024, max_num_seqs=256,
               max_num_batched_tokens=8192, cuda_graph_batch_sizes=GRAPHS, **ENGINE_OVERRIDES)
     model = llm.core.runner.model
     row: dict[str, Any] = {
-        "variant": quantization or "bf16",
+        "variant": variant,
         "setup_s": time.perf_counter() - start,
         "weight_gb": sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9,
         "kv_blocks": llm.core.stats().kv_blocks_total,
@@ -176,6 +179,8 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--budget-s", type=float, default=330.0, help="skip engine cases that would start past this")
     ap.add_argument("--skip-gemm", action="store_true")
+    ap.add_argument("--variants", nargs="+", default=["bf16", "int8", "fp8"],
+                    help="engine variants: bf16, int8, fp8, int8+rotation")
     args = ap.parse_args()
     start = time.perf_counter()
     props = torch.cuda.get_device_properties(0)
@@ -195,15 +200,15 @@ def main() -> None:
     free()
     use_gpu_dummy_weights()
     per_case = 75.0  # a case takes ~40-70 s (8B load + profile + 9 graphs + runs); don't start one late
-    for quantization in (None, "int8", "fp8"):
+    for variant in args.variants:
         if time.perf_counter() - start + per_case > args.budget_s:
-            engine.append({"variant": quantization or "bf16", "note": "skipped: time budget"})
+            engine.append({"variant": variant, "note": "skipped: time budget"})
             continue
         try:
-            engine.append(engine_case(quantization))
+            engine.append(engine_case(variant))
         except Exception as e:
             traceback.print_exc()
-            engine.append({"variant": quantization or "bf16", "note": f"FAILED {e!r}"[:120]})
+            engine.append({"variant": variant, "note": f"FAILED {e!r}"[:120]})
             free()
     tuned = {str(key): str(cfg) for key, cfg in getattr(gemm._tuned_kernel, "cache", {}).items()}
     report = _report(head, checks, rows, engine, gemm_s, time.perf_counter() - start)
