@@ -68,13 +68,19 @@ def pinned_config(device_name: str, dtype: str, bucket: int, n: int, k: int) -> 
     shape = _FILE_PINS.get((dtype, bucket, n, k)) or _PINNED.get(device_name, {}).get((dtype, bucket, n, k))
     if shape is None or not (PINNED_ENABLED and autotune_enabled()):
         return None
-    return _config(*shape[:5], bucket <= SMALL_M, *shape[5:])
+    return _pinned(shape, bucket <= SMALL_M)
 
 
 def pinned_configs() -> list[triton.Config]:
     """Every distinct pinned tile (the GPU tests run each once)."""
     shapes = {(key[1] <= SMALL_M, shape) for table in _PINNED.values() for key, shape in table.items()}
-    return [_config(*shape[:5], small, *shape[5:]) for small, shape in sorted(shapes)]
+    return [_pinned(shape, small) for small, shape in sorted(shapes)]
+
+
+def _pinned(shape: tuple[int, ...], small: bool) -> triton.Config:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages[, SPLIT_K]) as a config."""
+    bm, bn, bk, warps, stages = shape[:5]
+    return _config(bm, bn, bk, warps, stages, small, shape[5] if len(shape) > 5 else 1)
 
 
 def m_bucket(m: int) -> int:
