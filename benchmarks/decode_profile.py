@@ -24,7 +24,11 @@ from benchmarks.decode_roofline import (
 )
 from benchmarks.report import emit
 
-VARIANTS = {"torch sampling": {"TESSEL_FUSED_SAMPLING": "0"}, "fused sampling": {"TESSEL_FUSED_SAMPLING": "1"}}
+VARIANTS = {
+    "torch sampling": {"TESSEL_FUSED_SAMPLING": "0", "TESSEL_PDL": "1"},
+    "fused sampling": {"TESSEL_FUSED_SAMPLING": "1", "TESSEL_PDL": "1"},
+    "no PDL": {"TESSEL_FUSED_SAMPLING": "1", "TESSEL_PDL": "0"},
+}
 PROFILED_TOKENS = 48
 
 

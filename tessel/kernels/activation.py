@@ -6,11 +6,15 @@ import torch
 import triton
 import triton.language as tl
 
+from tessel.kernels import pdl
 from tessel.kernels.checks import FLOAT_DTYPES, check_tensor
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, d, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, d, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # see kernels/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < d
@@ -29,5 +33,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(x2.shape[0], d, dtype=x.dtype, device=x.device)
     block = min(1024, triton.next_power_of_2(d))
     if x2.shape[0]:
-        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](x2, out, x2.stride(0), out.stride(0), d, BLOCK=block)
+        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](
+            x2, out, x2.stride(0), out.stride(0), d, BLOCK=block, **pdl.launch_options(x2)
+        )
     return out.view(*x.shape[:-1], d)

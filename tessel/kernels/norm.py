@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tessel.kernels import pdl
 from tessel.kernels.checks import FLOAT_DTYPES, check_shape, check_tensor
 
 
@@ -13,8 +14,11 @@ from tessel.kernels.checks import FLOAT_DTYPES, check_shape, check_tensor
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
     stride_x, stride_r, stride_o, stride_ro, hidden, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:  # see kernels/pdl.py: wait for the previous kernel, let the next one launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
@@ -48,7 +52,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
             x2, res2, weight, out, res_out,
             x2.stride(0), res2.stride(0), out.stride(0), res_out.stride(0), hidden, eps,
             HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(hidden),
-            num_warps=4 if hidden <= 4096 else 8,
+            num_warps=4 if hidden <= 4096 else 8, **pdl.launch_options(x2),
         )
     return out.view(x.shape), res_out.view(x.shape)
 

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tessel.kernels import pdl
 from tessel.kernels.checks import FLOAT_DTYPES, INDEX_DTYPES, check_shape, check_tensor
 
 
@@ -43,8 +44,11 @@ def _rope_kernel(
     stride_c, n_q_heads, n_kv_heads,
     stride_vt, stride_vh, stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
     HALF: tl.constexpr, Q_PAD: tl.constexpr, K_PAD: tl.constexpr,
-    STORE_KV: tl.constexpr, PAGE: tl.constexpr,
+    STORE_KV: tl.constexpr, PAGE: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:  # see kernels/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + tok).to(tl.int64)
     offs_d = tl.arange(0, HALF)
@@ -104,7 +108,7 @@ def _launch(q, k, positions, cos_sin_cache, kv):  # type: ignore[no-untyped-def]
         cos_sin_cache.stride(0), q.shape[1], k.shape[1],
         v.stride(0), v.stride(1), *cache_strides,
         HALF=half, Q_PAD=triton.next_power_of_2(q.shape[1]), K_PAD=triton.next_power_of_2(k.shape[1]),
-        STORE_KV=kv is not None, PAGE=page,
+        STORE_KV=kv is not None, PAGE=page, **pdl.launch_options(q),
     )
     return q_out, k_out
 

@@ -126,3 +126,13 @@ def test_bf16_matches_transformers_where_bf16_allows(tiny_dir: Path) -> None:
     # Random weights give flat logits, so a prompt may tie at its very first token (seen on
     # the H200: [2, 2, 9, 1, 4, 0]); the check is only void if no prompt got past one.
     assert sum(agreed) >= len(PROMPTS)
+
+
+def test_programmatic_dependent_launch_keeps_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PDL (kernels/pdl.py) only overlaps launches; every kernel waits for the one before it
+    before touching memory. bf16 tokens, graphs on, must match exactly with it on and off."""
+    kw = {"load_format": "dummy", "device": "cuda", "dtype": "bfloat16"}
+    monkeypatch.setenv("TESSEL_PDL", "0")
+    base = generate("SmolLM2-135M", PROMPTS, **kw)
+    monkeypatch.setenv("TESSEL_PDL", "1")
+    assert generate("SmolLM2-135M", PROMPTS, **kw) == base

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tessel.kernels import pdl
 from tessel.kernels.attention.decode_plan import (  # re-exported: the plan's public names
     DEFAULT_DECODE,
     DecodeConfig,
@@ -62,8 +63,11 @@ def _decode_kernel(
     stride_bt,
     num_tiles, bucket_off, first_off, count_off, num_q_heads,
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, PAGE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:  # see kernels/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     bucket = tl.program_id(0)
     kvh = tl.program_id(1)
     t_lo = tl.load(sched_ptr + bucket_off + bucket)
@@ -138,7 +142,7 @@ def paged_decode(
         block_tables.stride(0),
         c, bucket_off, first_off, count_off, num_q_heads,
         HEAD_DIM=head_dim, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
-        PAGE=page, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PAGE=page, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **pdl.launch_options(q),
     )
     if plan.needs_merge:
         merge_partials(out, plan.part_out, plan.part_lse, plan.sched, first_off=first_off, batch=batch)

@@ -6,13 +6,18 @@ import torch
 import triton
 import triton.language as tl
 
+from tessel.kernels import pdl
+
 
 @triton.jit
 def _merge_kernel(
     out_ptr, part_out_ptr, part_lse_ptr, sched_ptr,
     stride_ot, stride_oh, first_off, count_off, num_q_heads,
-    HEAD_DIM: tl.constexpr,
+    HEAD_DIM: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:  # see kernels/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     req = tl.program_id(0)
     head = tl.program_id(1)
     count = tl.load(sched_ptr + count_off + req)
@@ -54,5 +59,5 @@ def merge_partials(
     num_q_heads, head_dim = out.shape[1], out.shape[2]
     _merge_kernel[(batch, num_q_heads)](
         out, part_out, part_lse, sched, out.stride(0), out.stride(1),
-        first_off, first_off + batch, num_q_heads, HEAD_DIM=head_dim, num_warps=1,
+        first_off, first_off + batch, num_q_heads, HEAD_DIM=head_dim, num_warps=1, **pdl.launch_options(out),
     )
