@@ -143,20 +143,29 @@ def decode_rate(llm: Any, batch: int, seed: int) -> float:
     return tokens / (max(t[-1] for t in times) - t0)
 
 
+def _head_quant_bytes(model: Any) -> int:
+    """A W8A8 LM head (quantize_lm_head) lives outside the parameters."""
+    q = getattr(model.head, "head_quant", None)
+    return 0 if q is None else q.data.numel() * q.data.element_size() + q.scale.numel() * 4
+
+
 def engine_case(variant: str) -> dict[str, Any]:
-    """``variant``: bf16, int8, fp8, or int8+rotation (quant_rotation=residual_and_down)."""
+    """``variant``: bf16, int8 or fp8, with "+rotation" (quant_rotation=residual_and_down) and/or
+    "+head" (quantize_lm_head) appended to a quantized one, e.g. int8+head."""
     from tessel.engine import LLM, SamplingParams
 
     start = time.perf_counter()
-    quantization, _, rotation = variant.partition("+")
+    quantization, *extras = variant.split("+")
     llm = LLM(MODEL, load_format="dummy", quantization=None if quantization == "bf16" else quantization,
-              quant_rotation="residual_and_down" if rotation else None, max_model_len=1024, max_num_seqs=256,
+              quant_rotation="residual_and_down" if "rotation" in extras else None,
+              quantize_lm_head="head" in extras, max_model_len=1024, max_num_seqs=256,
               max_num_batched_tokens=8192, cuda_graph_batch_sizes=GRAPHS, **ENGINE_OVERRIDES)
     model = llm.core.runner.model
     row: dict[str, Any] = {
         "variant": variant,
         "setup_s": time.perf_counter() - start,
-        "weight_gb": sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9,
+        "weight_gb": (sum(p.numel() * p.element_size() for p in model.parameters())
+                      + _head_quant_bytes(model)) / 1e9,
         "kv_blocks": llm.core.stats().kv_blocks_total,
     }
     llm.generate([[1, 2, 3]] * 4, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))  # warm-up
@@ -180,7 +189,7 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=330.0, help="skip engine cases that would start past this")
     ap.add_argument("--skip-gemm", action="store_true")
     ap.add_argument("--variants", nargs="+", default=["bf16", "int8", "fp8"],
-                    help="engine variants: bf16, int8, fp8, int8+rotation")
+                    help="engine variants: bf16, int8, fp8, int8+rotation, int8+head, ...")
     args = ap.parse_args()
     start = time.perf_counter()
     props = torch.cuda.get_device_properties(0)

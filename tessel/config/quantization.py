@@ -1,9 +1,10 @@
 """Which layers W8A8 quantization touches, stated once (README "Quantization" repeats it).
 
-Only the decoder's four linear layers are quantized; everything else keeps the model dtype:
-the embedding and lm_head (a 49k-152k vocabulary row gather and the logits, where int8 costs
-accuracy for little speed), and every RMSNorm gain (a vector, and where SmoothQuant folds its
-scales). Names are the module names of ``engine/models/llama.py``.
+By default only the decoder's four linear layers are quantized; everything else keeps the model
+dtype: the embedding (a row gather), lm_head (the logits, where int8 costs some accuracy) and
+every RMSNorm gain (a vector, and where SmoothQuant folds its scales). ``ModelConfig.quantize_lm_head``
+opts the LM head in (on the 8B: 1.46x against 1.39x bf16 decode at batch 64; on the default model,
+half a point of top-1 agreement). Names are the module names of ``engine/models/llama.py``.
 """
 
 QUANTIZED_LAYERS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")

@@ -51,6 +51,10 @@ class ModelConfig(_Frozen):
     time; a tied LM head gets its own copy); residual_and_down = also down_proj's input, online
     (a Hadamard transform per token and layer). Before SmoothQuant when both are set. One GPU or
     CPU process only (tensor_parallel_size=1). None: no rotation."""
+    quantize_lm_head: bool = False
+    """Load-time W8A8 for the LM head too (per-row weights, per-token hidden states), not only
+    the decoder's linear layers: half the head's weight bytes a step, for a small accuracy cost.
+    The embedding lookup keeps the float weights (a tied head then holds both)."""
 
     @model_validator(mode="after")
     def _smoothing_needs_quantization(self) -> ModelConfig:
@@ -60,6 +64,8 @@ class ModelConfig(_Frozen):
             raise ValueError("smoothquant_alpha / smoothquant_calibration need quantization set")
         if self.quantization is None and self.quant_rotation is not None:
             raise ValueError("quant_rotation needs quantization set")
+        if self.quantization is None and self.quantize_lm_head:
+            raise ValueError("quantize_lm_head needs quantization set")
         if self.smoothquant_calibration is not None and self.smoothquant_alpha is None:
             raise ValueError("smoothquant_calibration is given but smoothquant_alpha is not")
         return self

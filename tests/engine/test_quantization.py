@@ -229,6 +229,30 @@ def test_int8_engine_tracks_the_float_engine(tiny: Path) -> None:
         assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
 
 
+@pytest.mark.parametrize("arch", ["llama", "tied"])
+def test_quantized_lm_head(tmp_path: Path, arch: str) -> None:
+    """quantize_lm_head: the head's logits are the W8A8 product of its per-row int8 weight (an
+    untied head's float weight freed, a tied one kept for the embedding) and stay close to the
+    float head's; generation runs."""
+    tied = arch == "tied"
+    ckpt = write_tiny_checkpoint(tmp_path, "llama", tie_word_embeddings=tied)
+    ids = PROMPTS[2]
+    base = LLM(str(ckpt), num_blocks=32, quantization="int8")
+    llm = LLM(str(ckpt), num_blocks=32, quantization="int8", quantize_lm_head=True)
+    head, base_head = model_of(llm).head, model_of(base).head  # type: ignore[operator]
+    assert head.head_quant is not None and head.head_quant.data.dtype == torch.int8
+    want_q = quant_reference.quantize_rows(base_head.weight, torch.int8)
+    assert torch.equal(head.head_quant.data, want_q.data)
+    assert head.weight.numel() == (base_head.weight.numel() if tied else 0)
+    hidden = prefill_hidden(model_of(llm), ids)
+    got, want = model_of(llm).compute_logits(hidden), model_of(base).compute_logits(hidden)  # type: ignore[operator]
+    assert (got - want).abs().max() < 0.05 * want.abs().max()
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
+    assert all(len(t) == GREEDY.max_tokens for t in generate(llm))
+    with pytest.raises(ValueError, match="quantize_lm_head needs quantization set"):
+        ModelConfig(quantize_lm_head=True)
+
+
 def test_smoothquant_calibration_file(tiny: Path, tmp_path: Path) -> None:
     prompts = tmp_path / "calib.txt"
     prompts.write_text("hello world\n\nThe quick brown fox jumps over the lazy dog.\n")

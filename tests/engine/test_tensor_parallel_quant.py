@@ -130,3 +130,15 @@ def test_tp2_int8_runs_and_stays_within_int8_noise_of_tp1(tmp_path: Path) -> Non
         if lp1 - lp2 > 4 * tp_drift:
             assert g.top[0][0] == top1
     assert len(tokens) == len(single_tokens) == len(PROMPTS)
+
+
+def test_tp2_quantized_lm_head_matches_tp1(tmp_path: Path) -> None:
+    """quantize_lm_head under TP: each rank quantizes its vocabulary rows (whole rows, so the same
+    codes and scales as one rank), and the gathered logits stay within TP's summation noise."""
+    directory = str(write_tiny_checkpoint(tmp_path, "llama", num_key_value_heads=2))
+    kw = {"quantization": "int8", "quantize_lm_head": True, **ENGINE}
+    expected = LLM(directory, **kw).generate([LONG_PROMPT], SCORED)[0].prompt_logprobs  # type: ignore[arg-type]
+    with LLM(directory, tensor_parallel_size=2, **kw) as llm:  # type: ignore[arg-type]
+        got = llm.generate([LONG_PROMPT], SCORED)[0].prompt_logprobs
+    pairs = [(g, e) for g, e in zip(got or [], expected or [], strict=True) if e is not None]
+    assert pairs and max(abs(g.logprob - e.logprob) for g, e in pairs) <= 0.05

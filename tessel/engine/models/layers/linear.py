@@ -26,6 +26,7 @@ from torch import nn
 from tessel.engine.models.layers.collectives import all_reduce
 from tessel.engine.models.layers.parallel import SINGLE, ParallelRank
 from tessel.kernels import cpu_linear, dispatch
+from tessel.kernels.quant.types import QuantizedTensor
 
 
 class LazyTensor(Protocol):
@@ -168,6 +169,7 @@ class VocabParallelEmbedding(nn.Module):
         self.num_real_rows = max(0, min(self.local_vocab, vocab_size - self.first_row))
         self.weight = make_param((self.local_vocab, dim), self._load)
         self.packed: torch.Tensor | None = None  # CPU, as the LM head: ``weight`` packed for oneDNN
+        self.head_quant: QuantizedTensor | None = None  # W8A8 LM head (ModelConfig.quantize_lm_head)
 
     def _load(self, param: nn.Parameter, full: TensorSource, shard_id: str | None) -> None:
         real = self.num_real_rows
@@ -187,6 +189,10 @@ class VocabParallelEmbedding(nn.Module):
     def as_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over this rank's vocabulary rows (padding rows give 0): the weight used as
         the LM head; ``LlamaForCausalLM.compute_logits`` gathers them under tensor parallelism."""
+        if self.head_quant is not None:
+            w = self.head_quant
+            x = dispatch.quantize_rows(hidden, w.data.dtype)
+            return dispatch.scaled_mm(x.data, x.scale, w.data, w.scale, None, hidden.dtype)
         return dispatch.linear(hidden, self.weight, None, self.packed)
 
 
@@ -198,7 +204,7 @@ def pack_cpu_weights(modules: list[nn.Module]) -> int:
     for root in modules:
         for m in root.modules():
             plain = isinstance(m, (ColumnParallelLinear, RowParallelLinear)) and m.method is UNQUANTIZED
-            if plain or (m is root and isinstance(m, VocabParallelEmbedding)):
+            if plain or (m is root and isinstance(m, VocabParallelEmbedding) and m.head_quant is None):
                 assert isinstance(m, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding))
                 m.packed = cpu_linear.pack(m.get_parameter("weight"))
                 count += m.packed is not None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -14,6 +14,8 @@ from tessel.engine.models.layers.quantization.config import QuantConfig
 from tessel.engine.models.layers.quantization.rotation import rotate_down_input, rotate_residual
 from tessel.engine.models.layers.quantization.smoothquant import smooth_model
 from tessel.engine.models.layers.quantization.w8a8 import W8A8LinearMethod
+from tessel.kernels.quant import reference as quant_reference
+from tessel.kernels.quant.types import QuantizedTensor
 
 log = logging.getLogger("tessel.quantization")
 
@@ -41,6 +43,20 @@ def quantize_model(model: nn.Module, quant: QuantConfig, tokenizer: Any = None) 
             module.method = W8A8LinearMethod(quant.qdtype, from_checkpoint=False)
         module.method.process_weights_after_loading(module)
         count += 1
+    if quant.lm_head:
+        quantize_head(model, quant.qdtype)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the float weights' memory goes back to the KV-cache budget
     return count
+
+
+def quantize_head(model: nn.Module, qdtype: torch.dtype) -> None:
+    """The LM head W8A8, one scale per vocabulary row. An untied head's float weight is freed; a
+    tied one stays, the embedding's."""
+    m = cast(Any, model)
+    head = m.head
+    weight = head.get_parameter("weight")
+    q = quant_reference.quantize_rows(weight.data, qdtype)
+    head.head_quant = QuantizedTensor(q.data, q.scale.reshape(-1, 1).contiguous(), weight.dtype)
+    if head is not m.model.embed_tokens:
+        head.weight = nn.Parameter(weight.data.new_empty(0, weight.shape[1]), requires_grad=False)
