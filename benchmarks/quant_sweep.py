@@ -68,9 +68,9 @@ def graph_us(calls: list[Callable[[], Any]]) -> float:
 
 def tile(m: int, cfg: tuple[int, ...]) -> triton.Config:
     if len(cfg) == 5 and m <= gemm_configs.SMALL_M:  # a SPLIT_GRID entry
-        return gemm_configs._config(gemm_configs.m_bucket(m), *cfg[:4], True, cfg[4])
+        return gemm_configs.tile_config(gemm_configs.m_bucket(m), *cfg[:4], True, cfg[4])
     if len(cfg) == 6:  # a SPLIT_PREFILL_GRID entry
-        return gemm_configs._config(*cfg[:5], False, cfg[5])
+        return gemm_configs.tile_config(*cfg[:5], False, cfg[5])
     bm, bn, bk, w, s = (gemm_configs.m_bucket(m), *cfg) if len(cfg) == 4 else cfg
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=w, num_stages=s)
 

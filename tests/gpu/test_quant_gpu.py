@@ -99,6 +99,21 @@ def test_cuda_rotated_int8_tracks_the_cpu_reference(tiny_dir: Path) -> None:
     release_gpu_memory()
 
 
+def test_cuda_quantized_lm_head_tracks_the_cpu_reference(tiny_dir: Path) -> None:
+    """quantize_lm_head on CUDA (the head's W8A8 GEMM inside the decode graphs): fp32 logits as
+    the CPU engine's up to int8 rounding ties; decoding runs through the graphs."""
+    kw = {"dtype": "float32", "quantization": "int8", "quantize_lm_head": True}
+    gpu = build(str(tiny_dir), device="cuda", **kw)
+    cpu = LLM(str(tiny_dir), device="cpu", num_blocks=64, **kw)
+    want, got = logits(cpu, PROMPT), logits(gpu, PROMPT)
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-2 * float(want.abs().max()))
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.97
+    assert all(len(o.outputs[0].token_ids) == GREEDY.max_tokens for o in gpu.generate(PROMPTS, GREEDY))
+    assert gpu.core.stats().cuda_graph_steps_total > 0
+    del gpu
+    release_gpu_memory()
+
+
 @pytest.mark.parametrize("scheme", ["int8", "fp8"])
 def test_bf16_w8a8_generates_close_to_bf16(tiny_dir: Path, scheme: str) -> None:
     plain = build(str(tiny_dir), device="cuda", dtype="bfloat16")

@@ -131,7 +131,7 @@ def test_split_k_is_exact_and_leaves_its_counts_at_zero(device: str, split_k: in
     ranges of a 5-step K: one each; 3 of 5: uneven; with K = 200 some ranges are empty), the
     dequantized output matches, and a second launch (the arrival counts reset) does too."""
     m, n, k = 37, 72, 1100
-    config = gemm_configs._config(16, 32, 256 if k > 1000 else 64, 4, 2, True, split_k)
+    config = gemm_configs.tile_config(16, 32, 256 if k > 1000 else 64, 4, 2, True, split_k)
     g = torch.Generator().manual_seed(split_k)
     a = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
     b = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)

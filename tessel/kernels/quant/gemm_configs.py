@@ -80,7 +80,7 @@ def pinned_configs() -> list[triton.Config]:
 def _pinned(shape: tuple[int, ...], small: bool) -> triton.Config:
     """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages[, SPLIT_K]) as a config."""
     bm, bn, bk, warps, stages = shape[:5]
-    return _config(bm, bn, bk, warps, stages, small, shape[5] if len(shape) > 5 else 1)
+    return tile_config(bm, bn, bk, warps, stages, small, shape[5] if len(shape) > 5 else 1)
 
 
 def m_bucket(m: int) -> int:
@@ -88,7 +88,9 @@ def m_bucket(m: int) -> int:
     return next((b for b in M_BUCKETS if m <= b), M_BUCKETS[-1])
 
 
-def _config(bm: int, bn: int, bk: int, warps: int, stages: int, small: bool, split_k: int = 1) -> triton.Config:
+def tile_config(bm: int, bn: int, bk: int, warps: int, stages: int, small: bool, split_k: int = 1) -> triton.Config:
+    """One tile as the kernel takes it; ``small``: a decode-bucket tile (the autotuner's pruning
+    reads it); ``split_k`` > 1 cuts K across programs (gemm.py)."""
     tile = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}
     cfg = triton.Config(tile | ({"SPLIT_K": split_k} if split_k > 1 else {}), num_warps=warps, num_stages=stages)
     cfg.for_decode = small  # type: ignore[attr-defined]  # read by prune_by_bucket only
@@ -96,11 +98,11 @@ def _config(bm: int, bn: int, bk: int, warps: int, stages: int, small: bool, spl
 
 
 def decode_configs(bucket: int) -> list[triton.Config]:
-    return [_config(bucket, bn, bk, w, s, True) for bn, bk, w, s in _DECODE]
+    return [tile_config(bucket, bn, bk, w, s, True) for bn, bk, w, s in _DECODE]
 
 
 def prefill_configs() -> list[triton.Config]:
-    return [_config(*shape, False) for shape in _PREFILL]
+    return [tile_config(*shape, False) for shape in _PREFILL]
 
 
 def all_configs() -> list[triton.Config]:
@@ -109,7 +111,7 @@ def all_configs() -> list[triton.Config]:
 
 
 def default_config() -> triton.Config:
-    return _config(*DEFAULT, False)
+    return tile_config(*DEFAULT, False)
 
 
 def tuned_configs() -> list[triton.Config]:
