@@ -24,10 +24,16 @@ from benchmarks.decode_roofline import (
 )
 from benchmarks.report import emit
 
-VARIANTS = {
-    "torch sampling": {"TESSEL_FUSED_SAMPLING": "0", "TESSEL_PDL": "1"},
-    "fused sampling": {"TESSEL_FUSED_SAMPLING": "1", "TESSEL_PDL": "1"},
-    "no PDL": {"TESSEL_FUSED_SAMPLING": "1", "TESSEL_PDL": "0"},
+_DEFAULTS = {"TESSEL_FUSED_SAMPLING": "1", "TESSEL_PDL": "1", "TESSEL_GEMV": "1", "TESSEL_PREFETCH_LINES": "8",
+             "TESSEL_GEMV_MAX_MB": "1e9"}
+VARIANTS = {  # every switch set in each, since os.environ carries over between variants
+    "torch sampling": {**_DEFAULTS, "TESSEL_FUSED_SAMPLING": "0"},
+    "fused sampling": _DEFAULTS,
+    "no PDL": {**_DEFAULTS, "TESSEL_PDL": "0"},
+    "cuBLAS GEMV": {**_DEFAULTS, "TESSEL_GEMV": "0"},
+    "GEMV <= 100 MB": {**_DEFAULTS, "TESSEL_GEMV_MAX_MB": "100"},
+    "GEMV no prefetch": {**_DEFAULTS, "TESSEL_PREFETCH_LINES": "0"},
+    "GEMV prefetch 32": {**_DEFAULTS, "TESSEL_PREFETCH_LINES": "32"},
 }
 PROFILED_TOKENS = 48
 

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from random import Random
 from typing import Any
@@ -143,19 +145,54 @@ def decode_rate(llm: Any, batch: int, seed: int) -> float:
     return tokens / (max(t[-1] for t in times) - t0)
 
 
+def step_breakdown(before: Any, after: Any) -> dict[str, float]:
+    """Mean ms per engine step between two stats snapshots: the GPU's compute (events), its idle
+    gap before each step's compute (waiting on the host), and the host's prepare and return stages."""
+    steps = max(after.steps_total - before.steps_total, 1)
+    out = {"steps": float(steps), "gpu_idle": 1e3 * (after.gpu_idle_seconds_total - before.gpu_idle_seconds_total) / steps}
+    for stage in ("compute", "aggregate", "prepare", "return"):
+        out[stage] = 1e3 * (after.stage_seconds_total.get(stage, 0.0) - before.stage_seconds_total.get(stage, 0.0)) / steps
+    return out
+
+
 def _head_quant_bytes(model: Any) -> int:
     """A W8A8 LM head (quantize_lm_head) lives outside the parameters."""
     q = getattr(model.head, "head_quant", None)
     return 0 if q is None else q.data.numel() * q.data.element_size() + q.scale.numel() * 4
 
 
+@contextmanager
+def launch_switches(extras: list[str]) -> Iterator[None]:
+    """"+nopdl": programmatic dependent launch off (TESSEL_PDL=0); "+noprefetch": the W8A8 GEMM's
+    L2 prefetch of its weight off (TESSEL_PREFETCH_LINES=0). For one engine case; restored after it."""
+    switches = {"nopdl": ("TESSEL_PDL", "0"), "noprefetch": ("TESSEL_PREFETCH_LINES", "0")}
+    saved = {var: os.environ.get(var) for var, _ in switches.values()}
+    for extra in extras:
+        if extra in switches:
+            os.environ[switches[extra][0]] = switches[extra][1]
+    try:
+        yield
+    finally:
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+
+
 def engine_case(variant: str) -> dict[str, Any]:
     """``variant``: bf16, int8 or fp8, with "+rotation" (quant_rotation=residual_and_down) and/or
-    "+head" (quantize_lm_head) appended to a quantized one, e.g. int8+head."""
+    "+head" (quantize_lm_head) appended to a quantized one, e.g. int8+head; "+nopdl" and
+    "+noprefetch" for the launch A/B (launch_switches)."""
+    quantization, *extras = variant.split("+")
+    with launch_switches(extras):
+        return _engine_case(variant, quantization, extras)
+
+
+def _engine_case(variant: str, quantization: str, extras: list[str]) -> dict[str, Any]:
     from tessel.engine import LLM, SamplingParams
 
     start = time.perf_counter()
-    quantization, *extras = variant.split("+")
     llm = LLM(MODEL, load_format="dummy", quantization=None if quantization == "bf16" else quantization,
               quant_rotation="residual_and_down" if "rotation" in extras else None,
               quantize_lm_head="head" in extras, max_model_len=1024, max_num_seqs=256,
@@ -170,7 +207,9 @@ def engine_case(variant: str) -> dict[str, Any]:
     }
     llm.generate([[1, 2, 3]] * 4, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))  # warm-up
     for batch in BATCHES:
+        before = llm.core.stats()
         row[f"decode_tok_s_b{batch}"] = decode_rate(llm, batch, seed=batch)
+        row[f"steps_b{batch}"] = step_breakdown(before, llm.core.stats())
     one = llm.generate([list(range(10, 10 + PROMPT_LEN))],
                        SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True))[0]
     t = one.metrics.token_times  # type: ignore[union-attr]
@@ -242,7 +281,7 @@ def _report(head: list[str], checks: list[dict[str, Any]], rows: list[dict[str, 
               "| variant | weights GB | KV blocks | " + " | ".join(f"decode tok/s b={b}" for b in BATCHES)
               + " | b=1 ms/token | x bf16 (" + " / ".join(f"b={b}" for b in BATCHES) + ") | note |",
               "|" + "---|" * (6 + len(BATCHES))]
-    base = next((e for e in engine if e["variant"] == "bf16" and "kv_blocks" in e), {})
+    base = next((e for e in engine if e["variant"].startswith("bf16") and "kv_blocks" in e), {})
     for e in engine:
         if "kv_blocks" not in e:
             lines.append(f"| {e['variant']} |" + " |" * (4 + len(BATCHES)) + f" {e.get('note', '')} |")
@@ -252,6 +291,15 @@ def _report(head: list[str], checks: list[dict[str, Any]], rows: list[dict[str, 
         lines.append(f"| {e['variant']} | {e['weight_gb']:.2f} | {e['kv_blocks']} | "
                      + " | ".join(f"{r:.0f}" for r in rates) + f" | {e['b1_ms_per_token']:.2f} | "
                      + " / ".join(f"{r:.2f}" for r in rel) + f" | setup {e['setup_s']:.0f} s |")
+    lines += ["", "Mean ms per engine step over each decode run (prefill steps included): GPU compute and "
+              "aggregate (events), GPU idle before the step's compute, host prepare and return:", "",
+              "| variant | batch | steps | compute | aggregate | GPU idle | prepare | return |", "|---|---|---|---|---|---|---|---|"]
+    for e in engine:
+        for b in BATCHES:
+            st = e.get(f"steps_b{b}")
+            if st:
+                lines.append(f"| {e['variant']} | {b} | {st['steps']:.0f} | {st['compute']:.2f} | {st['aggregate']:.2f} | "
+                             f"{st['gpu_idle']:.2f} | {st['prepare']:.2f} | {st['return']:.2f} |")
     return "\n".join(lines)
 
 

@@ -47,9 +47,14 @@ def _use_cpu_fast_path(t: torch.Tensor) -> bool:
 def linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, packed: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``x @ weight^T + bias``; ``packed`` is the weight in oneDNN's layout (CPU only)."""
+    """``x @ weight^T + bias``; ``packed`` is the weight in oneDNN's layout (CPU only). On CUDA,
+    cuBLAS except for decode-sized calls on weights kernels/gemv.py has tiles for."""
     if packed is not None and _use_cpu_fast_path(x):
         return cpu_linear.linear(x, packed, weight, bias)
+    if _use_triton(x):
+        config = _ops().gemv_config(x, weight, bias)
+        if config is not None:
+            return _ops().gemv(x, weight, config)
     return F.linear(x, weight, bias)
 
 

@@ -10,6 +10,8 @@ from tessel.kernels.activation import silu_and_mul
 from tessel.kernels.attention import paged
 from tessel.kernels.attention.decode import DecodeConfig
 from tessel.kernels.attention.metadata import AttentionMetadata
+from tessel.kernels.gemv import config_for as gemv_config
+from tessel.kernels.gemv import linear as gemv
 from tessel.kernels.kv_store import store_kv
 from tessel.kernels.moe.triton_moe import fused_moe
 from tessel.kernels.norm import fused_add_rms_norm, rms_norm
@@ -19,7 +21,8 @@ from tessel.kernels.rope import apply_rope, apply_rope_and_store_kv
 from tessel.kernels.sampling import sample_tokens
 
 __all__ = [
-    "apply_rope", "apply_rope_and_store_kv", "fused_add_rms_norm", "fused_moe", "paged_attention", "quantize_rows",
+    "apply_rope", "apply_rope_and_store_kv", "fused_add_rms_norm", "fused_moe", "gemv", "gemv_config",
+    "paged_attention", "quantize_rows",
     "rms_norm", "rms_norm_quant", "sample_tokens", "scaled_mm", "silu_and_mul", "silu_and_mul_quant", "store_kv",
 ]
 

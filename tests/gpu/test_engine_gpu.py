@@ -102,13 +102,40 @@ def test_switches_keep_tokens(switch: str, dtype: str) -> None:
     assert other == base
 
 
-def test_bf16_matches_transformers_where_bf16_allows(tiny_dir: Path) -> None:
+def _route_projections_to_gemv(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Pin a tile (kernels/gemv.py) for every projection of the tiny model, so its decode-sized
+    linear layers run our kernel instead of cuBLAS; returns a list that counts those calls."""
+    import json
+
+    from tessel.kernels import gemv, triton_ops
+
+    c = json.loads((tiny_dir / "config.json").read_text())
+    hidden, inter, heads = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    head_dim = c.get("head_dim") or hidden // heads
+    shapes = [((heads + 2 * c["num_key_value_heads"]) * head_dim, hidden), (hidden, heads * head_dim),
+              (2 * inter, hidden), (hidden, inter)]
+    monkeypatch.setitem(gemv._PINNED, torch.cuda.get_device_name(), {s: (32, 64, 4, 3, 2) for s in shapes})
+    calls: list[int] = []
+
+    def counted(x: torch.Tensor, weight: torch.Tensor, config: object) -> torch.Tensor:
+        calls.append(1)
+        return gemv.linear(x, weight, config)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(triton_ops, "gemv", counted)
+    return calls
+
+
+@pytest.mark.parametrize("linear", ["cublas", "gemv"])
+def test_bf16_matches_transformers_where_bf16_allows(tiny_dir: Path, linear: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """bf16 greedy equals transformers' bf16 greedy on the GPU up to the first step where the
     fp32 reference's top-2 logit margin is under 0.05 (a few bf16 ulps at these logit sizes):
-    past a near-tie, bf16 rounding may legitimately pick the other token."""
+    past a near-tie, bf16 rounding may legitimately pick the other token. ``gemv``: the decode
+    steps' projections on kernels/gemv.py (launched with PDL, weights prefetched) instead of cuBLAS."""
     import transformers
 
+    calls = _route_projections_to_gemv(tiny_dir, monkeypatch) if linear == "gemv" else [1]
     ours = generate(str(tiny_dir), PROMPTS, device="cuda", dtype="bfloat16")
+    assert calls  # the path under test really ran
     ref32 = transformers.AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).cuda().eval()
     ref16 = transformers.AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.bfloat16).cuda().eval()
     agreed = []

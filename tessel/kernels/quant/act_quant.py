@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tessel.kernels import pdl
 from tessel.kernels.checks import FLOAT_DTYPES, check_shape, check_tensor
 from tessel.kernels.quant.types import MIN_ABSMAX, QuantizedTensor, qmax
 
@@ -38,7 +39,13 @@ def _quantize_store(y, mask, q_ptrs, scale_ptr, QMAX: tl.constexpr, IS_INT: tl.c
 
 
 @triton.jit
-def _quant_kernel(x_ptr, q_ptr, s_ptr, stride_x, stride_q, K, QMAX: tl.constexpr, IS_INT: tl.constexpr, BLOCK: tl.constexpr):
+def _quant_kernel(
+    x_ptr, q_ptr, s_ptr, stride_x, stride_q, K,
+    QMAX: tl.constexpr, IS_INT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
+):
+    if PDL:  # see kernels/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < K
@@ -51,7 +58,11 @@ def _rms_norm_quant_kernel(
     x_ptr, res_ptr, w_ptr, q_ptr, s_ptr, res_out_ptr,
     stride_x, stride_r, stride_q, stride_ro, K, eps,
     HAS_RESIDUAL: tl.constexpr, QMAX: tl.constexpr, IS_INT: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:  # see kernels/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < K
@@ -69,8 +80,12 @@ def _rms_norm_quant_kernel(
 
 @triton.jit
 def _silu_and_mul_quant_kernel(
-    x_ptr, q_ptr, s_ptr, stride_x, stride_q, d, QMAX: tl.constexpr, IS_INT: tl.constexpr, BLOCK: tl.constexpr
+    x_ptr, q_ptr, s_ptr, stride_x, stride_q, d,
+    QMAX: tl.constexpr, IS_INT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:  # see kernels/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < d
@@ -87,10 +102,11 @@ def _outputs(rows: int, k: int, qdtype: torch.dtype, device: torch.device) -> tu
             torch.empty(rows, 1, dtype=torch.float32, device=device))
 
 
-def _meta(k: int, qdtype: torch.dtype) -> dict[str, object]:
+def _meta(x: torch.Tensor, k: int, qdtype: torch.dtype) -> dict[str, object]:
     block = triton.next_power_of_2(k)
     warps = 4 if block <= 2048 else 8 if block <= 8192 else 16
-    return {"QMAX": qmax(qdtype), "IS_INT": qdtype == torch.int8, "BLOCK": block, "num_warps": warps}
+    return {"QMAX": qmax(qdtype), "IS_INT": qdtype == torch.int8, "BLOCK": block, "num_warps": warps,
+            **pdl.launch_options(x)}
 
 
 def quantize_rows(x: torch.Tensor, qdtype: torch.dtype) -> QuantizedTensor:
@@ -99,7 +115,7 @@ def quantize_rows(x: torch.Tensor, qdtype: torch.dtype) -> QuantizedTensor:
     x2 = x.reshape(-1, x.shape[-1])
     q, s = _outputs(x2.shape[0], x2.shape[1], qdtype, x.device)
     if x2.shape[0]:
-        _quant_kernel[(x2.shape[0],)](x2, q, s, x2.stride(0), q.stride(0), x2.shape[1], **_meta(x2.shape[1], qdtype))
+        _quant_kernel[(x2.shape[0],)](x2, q, s, x2.stride(0), q.stride(0), x2.shape[1], **_meta(x2, x2.shape[1], qdtype))
     return QuantizedTensor(q, s, x.dtype)
 
 
@@ -121,7 +137,7 @@ def rms_norm_quant(
     if x2.shape[0]:
         _rms_norm_quant_kernel[(x2.shape[0],)](
             x2, res2, weight, q, s, res_out, x2.stride(0), res2.stride(0), q.stride(0), res_out.stride(0),
-            k, eps, HAS_RESIDUAL=residual is not None, **_meta(k, qdtype),
+            k, eps, HAS_RESIDUAL=residual is not None, **_meta(x2, k, qdtype),
         )
     return QuantizedTensor(q, s, x.dtype), res_out.view(x.shape)
 
@@ -135,5 +151,5 @@ def silu_and_mul_quant(x: torch.Tensor, qdtype: torch.dtype) -> QuantizedTensor:
     x2 = x.reshape(-1, 2 * d)
     q, s = _outputs(x2.shape[0], d, qdtype, x.device)
     if x2.shape[0]:
-        _silu_and_mul_quant_kernel[(x2.shape[0],)](x2, q, s, x2.stride(0), q.stride(0), d, **_meta(d, qdtype))
+        _silu_and_mul_quant_kernel[(x2.shape[0],)](x2, q, s, x2.stride(0), q.stride(0), d, **_meta(x2, d, qdtype))
     return QuantizedTensor(q, s, x.dtype)

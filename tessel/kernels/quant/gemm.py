@@ -15,21 +15,43 @@ activations for every few weight rows leaves too few tiles to fill the SMs (N = 
 each; every program but the last to finish parks its raw accumulator in a workspace, and the last
 (an atomic arrival count per tile) adds them up and runs the epilogue, so the split costs no
 extra launch. The int8 partial sums stay int32: the result is bit-exact with no split.
+
+Launched with programmatic dependent launch (Hopper, kernels/pdl.py), a program starts while the
+kernel before it (the activation quantization) finishes. The weight does not depend on that
+kernel, so before waiting for it each program asks L2 for the first ``PREFETCH_LINES`` 128-byte
+lines of each of its weight rows: a decode-sized GEMM is mostly its weight's stream, and this
+starts it during the previous kernel's tail.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
 import triton.language as tl
 
+from tessel.kernels import pdl
 from tessel.kernels.checks import FLOAT_DTYPES, check_shape, check_tensor
 from tessel.kernels.quant import gemm_configs
 from tessel.kernels.quant.types import FP8_DTYPE
 
 FP8_PROMOTE_K: int | None = 128  # None: the backend's default (no promotion on Hopper)
+# Per weight row, with PDL (a power of two; 0: none): 8 lines = 1 KiB, the first 4-8 of the
+# pipeline's K steps. TESSEL_PREFETCH_LINES overrides it, read at each launch (benchmarks' A/B).
+PREFETCH_LINES = 8
+
+
+def prefetch_lines() -> int:
+    return int(os.environ.get("TESSEL_PREFETCH_LINES", PREFETCH_LINES))
+
+
+@triton.jit
+def _prefetch_l2(ptrs):
+    # no result is needed; the asm's dummy output keeps Triton's elementwise form
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 # M varies every step: not specialised on, so one compile serves every batch size.
@@ -42,7 +64,7 @@ def _scaled_mm_kernel(
     ACC_DTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, RAW_ACC: tl.constexpr, EVEN_K: tl.constexpr,
     IMPRECISE_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SPLIT_K: tl.constexpr = 1,
+    SPLIT_K: tl.constexpr = 1, PDL: tl.constexpr = False, PREFETCH_LINES: tl.constexpr = 0,
 ):
     pid = tl.program_id(0)
     pid_k = pid % SPLIT_K  # a tile's K ranges are neighbours in launch order: they run together
@@ -66,6 +88,13 @@ def _scaled_mm_kernel(
     k_last = min(k_first + k_steps, tl.cdiv(K, BLOCK_K))  # the last range may be short or empty
     a_ptrs = a_ptr + rm[:, None].to(tl.int64) * stride_am + (k_first * BLOCK_K + offs_k)[None, :]
     b_ptrs = b_ptr + rn[None, :].to(tl.int64) * stride_bn + (k_first * BLOCK_K + offs_k)[:, None]
+    if PREFETCH_LINES > 0:  # clamped to the row
+        line: tl.constexpr = 1024 // b_ptr.dtype.element_ty.primitive_bitwidth  # elements in 128 bytes
+        line_k = tl.minimum(k_first * BLOCK_K + tl.arange(0, PREFETCH_LINES) * line, K - 1)
+        _prefetch_l2(b_ptr + rn[:, None].to(tl.int64) * stride_bn + line_k[None, :])
+    if PDL:  # see kernels/pdl.py; nothing above reads what the previous kernel writes
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC_DTYPE)
     for k in range(k_first, k_last):
         if EVEN_K:
@@ -140,7 +169,9 @@ def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
-_ACC = {torch.int8: torch.int32, FP8_DTYPE: torch.float32}
+# split-K workspaces; bf16/fp16 are launch_raw's (kernels/gemv.py)
+_ACC = {torch.int8: torch.int32, FP8_DTYPE: torch.float32, torch.bfloat16: torch.float32, torch.float16: torch.float32,
+        torch.float32: torch.float32}
 _arrivals: dict[torch.device, torch.Tensor] = {}
 
 
@@ -159,9 +190,10 @@ def _launch(a, b, c, a_scale, b_scale, bias, raw: bool, config: triton.Config | 
     n = b.shape[0]
     if m == 0:
         return
+    launch = pdl.launch_options(a)
     meta = dict(
         M_BUCKET=gemm_configs.m_bucket(m), ACC_DTYPE=tl.int32 if a.dtype == torch.int8 else tl.float32,
-        HAS_BIAS=bias is not None, RAW_ACC=raw,
+        HAS_BIAS=bias is not None, RAW_ACC=raw, PREFETCH_LINES=prefetch_lines() if launch["PDL"] else 0, **launch,
     )
     if config is None:
         config = gemm_configs.pinned_config(_device_name(a.device), "int8" if a.dtype == torch.int8 else "fp8",
@@ -182,6 +214,12 @@ def _launch(a, b, c, a_scale, b_scale, bias, raw: bool, config: triton.Config | 
     _scaled_mm_kernel[(tiles * split,)](*operands, ws, arrivals, *sizes, **meta, **kw, EVEN_K=k % kw["BLOCK_K"] == 0,
                                         IMPRECISE_K=_imprecise_k(a.dtype, kw["BLOCK_K"]),
                                         num_warps=config.num_warps, num_stages=config.num_stages)
+
+
+def launch_raw(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, config: triton.Config) -> None:
+    """``c = a @ b.T`` with the accumulator cast to c's dtype and no scales: any dtype pair the
+    kernel's ``tl.dot`` takes (kernels/gemv.py runs bf16 through it). No checks: the caller's."""
+    _launch(a, b, c, c, c, None, True, config)
 
 
 def scaled_mm(
