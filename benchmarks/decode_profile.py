@@ -24,16 +24,15 @@ from benchmarks.decode_roofline import (
 )
 from benchmarks.report import emit
 
-_DEFAULTS = {"TESSEL_FUSED_SAMPLING": "1", "TESSEL_PDL": "1", "TESSEL_GEMV": "1", "TESSEL_PREFETCH_LINES": "8",
+_DEFAULTS = {"TESSEL_FUSED_SAMPLING": "1", "TESSEL_PDL": "1", "TESSEL_GEMV": "0", "TESSEL_PREFETCH_LINES": "8",
              "TESSEL_GEMV_MAX_MB": "1e9"}
 VARIANTS = {  # every switch set in each, since os.environ carries over between variants
     "torch sampling": {**_DEFAULTS, "TESSEL_FUSED_SAMPLING": "0"},
     "fused sampling": _DEFAULTS,
     "no PDL": {**_DEFAULTS, "TESSEL_PDL": "0"},
-    "cuBLAS GEMV": {**_DEFAULTS, "TESSEL_GEMV": "0"},
-    "GEMV <= 100 MB": {**_DEFAULTS, "TESSEL_GEMV_MAX_MB": "100"},
-    "GEMV no prefetch": {**_DEFAULTS, "TESSEL_PREFETCH_LINES": "0"},
-    "GEMV prefetch 32": {**_DEFAULTS, "TESSEL_PREFETCH_LINES": "32"},
+    "triton GEMV": {**_DEFAULTS, "TESSEL_GEMV": "1"},  # kernels/gemv.py, opt-in
+    "triton GEMV <= 50 MB": {**_DEFAULTS, "TESSEL_GEMV": "1", "TESSEL_GEMV_MAX_MB": "50"},
+    "triton GEMV no prefetch": {**_DEFAULTS, "TESSEL_GEMV": "1", "TESSEL_PREFETCH_LINES": "0"},
 }
 PROFILED_TOKENS = 48
 

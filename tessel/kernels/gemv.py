@@ -1,5 +1,6 @@
-"""Decode-sized bf16/fp16 linear layers (up to ``MAX_M`` tokens) on our GEMM kernel instead of
-cuBLAS, for the weight shapes pinned per device below; every other call stays with cuBLAS.
+"""Opt-in (``TESSEL_GEMV=1``): decode-sized bf16/fp16 linear layers (up to ``MAX_M`` tokens) on our
+GEMM kernel instead of cuBLAS, for the weight shapes pinned per device below; every other call
+stays with cuBLAS.
 
 At batch 1 a GEMV of a 10-50 MB weight takes ~5 us more than its bytes need: the kernel's pipeline
 fills, then drains, and the next kernel starts only after. cuBLAS's kernel cannot overlap that.
@@ -7,9 +8,12 @@ Ours (kernels/quant/gemm.py, the W8A8 kernel on bf16 operands, an in-kernel spli
 with programmatic dependent launch like the decode step's other kernels, and asks L2 for the first
 lines of its weight rows before it waits for the kernel before it: the weight streams in while
 the previous norm, attention or GEMV finishes. Alone, graph-replayed at M = 1 on an H200, its best
-tiles ran 0.90-1.06x cuBLAS's speed (``benchmarks/gemv_dot.py``, ``results/decode_h200.md``); the
-A/B of the decode step is ``benchmarks/decode_profile.py``. ``TESSEL_GEMV=0`` turns it off;
-``TESSEL_GEMV_MAX_MB`` keeps it to weights up to that size (the A/B's partial variant).
+tiles ran 0.90-1.06x cuBLAS's speed (``benchmarks/gemv_dot.py``, ``results/decode_h200.md``).
+
+Off by default because it did not measurably win: in ``benchmarks/decode_profile.py``'s A/B of
+Llama-3.1-8B batch-1 decode it was 1-2% faster than cuBLAS on one machine and 1-3% slower on
+another (results/decode_h200.md). It stays as the tested base for fusing the ops around a GEMV.
+``TESSEL_GEMV_MAX_MB`` keeps it to weights up to that size.
 """
 
 from __future__ import annotations
@@ -27,10 +31,10 @@ MAX_M = 16  # the kernel's row tile: up to here a call costs what M = 1 costs
 # (N, K) -> (BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K): gemv_dot.py's best per weight.
 # Llama-3.2-1B's four projections and Llama-3.1-8B's qkv_proj and o_proj; the 8B's gate_up_proj
 # (235 MB) and down_proj (117 MB) stay with cuBLAS, whose kernels stream them 3-7% faster than
-# ours, which the overlap does not make up. 8B batch-1 decode, one run, variants alternating: 212-213
-# tok/s with the two small ones on ours, 208-209 with all four, 208-210 with none. The 1B's runs
-# spread 30% either way (its step is host-paced there), so its rows rest on the same rule: weights
-# up to 100 MB (results/decode_h200.md).
+# ours, which the overlap does not make up: 8B batch-1 decode, one run, variants alternating, gave
+# 212-213 tok/s with the two small ones on ours, 208-209 with all four, 208-210 with none. The
+# 1B's runs spread 30% either way (its step is host-paced there), so its rows rest on the same
+# rule: weights up to 100 MB.
 _PINNED: dict[str, dict[tuple[int, int], tuple[int, int, int, int, int]]] = {"NVIDIA H200": {
     (6144, 4096): (64, 256, 4, 4, 1), (4096, 4096): (64, 128, 4, 6, 2),
     (3072, 2048): (64, 128, 4, 6, 2), (2048, 2048): (32, 128, 4, 6, 2),
@@ -52,7 +56,7 @@ def config_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None)
     """The pinned tile for ``x @ weight.T`` on this device, or None for cuBLAS."""
     if (bias is not None or x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype
             or x.numel() > MAX_M * x.shape[-1] or x.stride(-1) != 1 or weight.stride(-1) != 1
-            or os.environ.get("TESSEL_GEMV", "1") == "0"):
+            or os.environ.get("TESSEL_GEMV", "0") != "1"):
         return None
     shape = _PINNED.get(_device_name(x.device), {}).get((weight.shape[0], weight.shape[1]))
     limit = os.environ.get("TESSEL_GEMV_MAX_MB")

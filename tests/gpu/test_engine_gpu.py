@@ -115,6 +115,7 @@ def _route_projections_to_gemv(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) 
     shapes = [((heads + 2 * c["num_key_value_heads"]) * head_dim, hidden), (hidden, heads * head_dim),
               (2 * inter, hidden), (hidden, inter)]
     monkeypatch.setitem(gemv._PINNED, torch.cuda.get_device_name(), {s: (32, 64, 4, 3, 2) for s in shapes})
+    monkeypatch.setenv("TESSEL_GEMV", "1")
     calls: list[int] = []
 
     def counted(x: torch.Tensor, weight: torch.Tensor, config: object) -> torch.Tensor:

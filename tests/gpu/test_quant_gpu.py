@@ -126,6 +126,20 @@ def test_bf16_w8a8_generates_close_to_bf16(tiny_dir: Path, scheme: str) -> None:
     release_gpu_memory()
 
 
+@pytest.mark.parametrize("scheme", ["int8", "fp8"])
+def test_programmatic_dependent_launch_keeps_w8a8_tokens(tiny_dir: Path, scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The W8A8 kernels under PDL (kernels/pdl.py), the GEMM prefetching its weight into L2 before
+    it waits: only launches overlap, so bf16 tokens through graphs match PDL off exactly."""
+    runs = []
+    for pdl in ("0", "1"):
+        monkeypatch.setenv("TESSEL_PDL", pdl)
+        llm = build(str(tiny_dir), device="cuda", dtype="bfloat16", quantization=scheme)
+        runs.append([o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)])
+        assert llm.core.stats().cuda_graph_steps_total > 0
+        del llm
+    assert runs[0] == runs[1]
+
+
 def test_fp8_compressed_tensors_checkpoint(tiny_dir: Path, tmp_path: Path) -> None:
     """An FP8-Dynamic checkpoint (E4M3 weights + [out, 1] scales) gives load-time fp8's tokens."""
     from safetensors.torch import load_file, save_file

@@ -42,10 +42,11 @@ def test_gemv_matches_linear(device: str, case: tuple[int, int, int, tuple[int, 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_pinned_tiles_match_cublas_and_only_decode_sized_calls_take_them(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pinned_tiles_match_cublas_and_only_decode_sized_opted_in_calls_take_them(monkeypatch: pytest.MonkeyPatch) -> None:
     name = torch.cuda.get_device_name()
     shapes = gemv._PINNED.get(name) or {(4096, 4096): (64, 128, 4, 6, 2)}
     monkeypatch.setitem(gemv._PINNED, name, shapes)
+    monkeypatch.setenv("TESSEL_GEMV", "1")
     for (n, k) in shapes:
         for m in (1, 2, 16):
             x, w = _operands(m, n, k, "cuda", torch.bfloat16)
