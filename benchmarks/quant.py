@@ -30,6 +30,7 @@ import torch.nn.functional as F
 import triton
 
 from benchmarks.decode_roofline import free, use_gpu_dummy_weights
+from benchmarks.step_trace import decode_breakdown, profile_decode, step_records
 from tessel.kernels.quant import act_quant, gemm, gemm_configs
 from tessel.kernels.quant import reference as ref
 from tessel.kernels.quant.types import FP8_DTYPE
@@ -41,6 +42,7 @@ MODEL = "Llama-3.1-8B"
 GRAPHS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 PROMPT_LEN, NEW_TOKENS = 128, 128
 BATCHES = (64, 256)
+PROFILE_BATCH = 256  # kernel times of a decode step at this batch (0: none)
 ENGINE_OVERRIDES: dict[str, Any] = {}  # e.g. a CPU dry run of this script's logic
 
 
@@ -145,16 +147,6 @@ def decode_rate(llm: Any, batch: int, seed: int) -> float:
     return tokens / (max(t[-1] for t in times) - t0)
 
 
-def step_breakdown(before: Any, after: Any) -> dict[str, float]:
-    """Mean ms per engine step between two stats snapshots: the GPU's compute (events), its idle
-    gap before each step's compute (waiting on the host), and the host's prepare and return stages."""
-    steps = max(after.steps_total - before.steps_total, 1)
-    out = {"steps": float(steps), "gpu_idle": 1e3 * (after.gpu_idle_seconds_total - before.gpu_idle_seconds_total) / steps}
-    for stage in ("compute", "aggregate", "prepare", "return"):
-        out[stage] = 1e3 * (after.stage_seconds_total.get(stage, 0.0) - before.stage_seconds_total.get(stage, 0.0)) / steps
-    return out
-
-
 def _head_quant_bytes(model: Any) -> int:
     """A W8A8 LM head (quantize_lm_head) lives outside the parameters."""
     q = getattr(model.head, "head_quant", None)
@@ -207,9 +199,13 @@ def _engine_case(variant: str, quantization: str, extras: list[str]) -> dict[str
     }
     llm.generate([[1, 2, 3]] * 4, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))  # warm-up
     for batch in BATCHES:
-        before = llm.core.stats()
-        row[f"decode_tok_s_b{batch}"] = decode_rate(llm, batch, seed=batch)
-        row[f"steps_b{batch}"] = step_breakdown(before, llm.core.stats())
+        with step_records(llm) as records:
+            row[f"decode_tok_s_b{batch}"] = decode_rate(llm, batch, seed=batch)
+        row[f"steps_b{batch}"] = decode_breakdown(records, batch)
+    if PROFILE_BATCH:
+        rng = Random(1)
+        prompts = [[rng.randint(0, 10000) for _ in range(PROMPT_LEN)] for _ in range(PROFILE_BATCH)]
+        row["kernels"] = profile_decode(llm, prompts, NEW_TOKENS, steps=16)
     one = llm.generate([list(range(10, 10 + PROMPT_LEN))],
                        SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True))[0]
     t = one.metrics.token_times  # type: ignore[union-attr]
@@ -222,6 +218,7 @@ def _engine_case(variant: str, quantization: str, extras: list[str]) -> dict[str
 
 
 def main() -> None:
+    global PROFILE_BATCH
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--json", default=None)
@@ -229,7 +226,9 @@ def main() -> None:
     ap.add_argument("--skip-gemm", action="store_true")
     ap.add_argument("--variants", nargs="+", default=["bf16", "int8", "fp8"],
                     help="engine variants: bf16, int8, fp8, int8+rotation, int8+head, ...")
+    ap.add_argument("--profile-batch", type=int, default=256, help="profile a decode step at this batch; 0: none")
     args = ap.parse_args()
+    PROFILE_BATCH = args.profile_batch
     start = time.perf_counter()
     props = torch.cuda.get_device_properties(0)
     head = [f"device: {props.name}, {props.multi_processor_count} SMs, capability {props.major}.{props.minor}; "
@@ -291,15 +290,23 @@ def _report(head: list[str], checks: list[dict[str, Any]], rows: list[dict[str, 
         lines.append(f"| {e['variant']} | {e['weight_gb']:.2f} | {e['kv_blocks']} | "
                      + " | ".join(f"{r:.0f}" for r in rates) + f" | {e['b1_ms_per_token']:.2f} | "
                      + " / ".join(f"{r:.2f}" for r in rel) + f" | setup {e['setup_s']:.0f} s |")
-    lines += ["", "Mean ms per engine step over each decode run (prefill steps included): GPU compute and "
-              "aggregate (events), GPU idle before the step's compute, host prepare and return:", "",
-              "| variant | batch | steps | compute | aggregate | GPU idle | prepare | return |", "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "Median ms per decode step with the whole batch decoding (graph replays): host wall time "
+              "between steps, GPU compute and aggregate (events), GPU idle before the step's compute, host "
+              "prepare and return:", "",
+              "| variant | batch | steps | wall | compute | aggregate | GPU idle | prepare | return |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for e in engine:
         for b in BATCHES:
             st = e.get(f"steps_b{b}")
             if st:
-                lines.append(f"| {e['variant']} | {b} | {st['steps']:.0f} | {st['compute']:.2f} | {st['aggregate']:.2f} | "
-                             f"{st['gpu_idle']:.2f} | {st['prepare']:.2f} | {st['return']:.2f} |")
+                lines.append(f"| {e['variant']} | {b} | {st['steps']:.0f} | {st['wall']:.2f} | {st['compute']:.2f} | "
+                             f"{st['aggregate']:.2f} | {st['gpu_idle']:.2f} | {st['prepare']:.2f} | {st['return']:.2f} |")
+    for e in engine:
+        if e.get("kernels"):
+            lines += ["", f"{e['variant']}: kernels of a b={PROFILE_BATCH} decode step (torch.profiler, 16 steps; "
+                      "under PDL a kernel's time includes its wait for the one before):", "",
+                      "| kernel | calls/step | us/step |", "|---|---|---|"]
+            lines += [f"| {name} | {calls:.1f} | {us:.0f} |" for name, calls, us in e["kernels"]]
     return "\n".join(lines)
 
 

@@ -124,6 +124,8 @@ def test_checkpoint_quantization_errors_name_the_problem(tiny: Path, tmp_path: P
         LLM(str(tmp_path / "w8a8"), num_blocks=8, quantization="int8", smoothquant_alpha=0.5)
     with pytest.raises(ValueError, match="quant_rotation applies to load-time"):
         LLM(str(tmp_path / "w8a8"), num_blocks=8, quantization="int8", quant_rotation="residual")
+    with pytest.raises(ValueError, match="quant_gptq applies to load-time"):
+        LLM(str(tmp_path / "w8a8"), num_blocks=8, quantization="int8", quant_gptq=True)
     config_path = tmp_path / "w8a8" / "config.json"
     config = json.loads(config_path.read_text())
     config["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"] = "tensor"

@@ -126,6 +126,22 @@ def test_bf16_w8a8_generates_close_to_bf16(tiny_dir: Path, scheme: str) -> None:
     release_gpu_memory()
 
 
+def test_cuda_gptq_tracks_the_cpu_reference(tiny_dir: Path) -> None:
+    """quant_gptq on CUDA (Hessians from calibration prefills on the GPU, GPTQ in float64 there):
+    fp32 logits as the CPU engine's GPTQ model's, up to the rounding ties that float sums of a
+    different order flip; decoding runs through the graphs."""
+    kw = {"dtype": "float32", "quantization": "int8", "quant_gptq": True}
+    gpu = build(str(tiny_dir), device="cuda", **kw)
+    cpu = LLM(str(tiny_dir), device="cpu", num_blocks=64, **kw)
+    want, got = logits(cpu, PROMPT), logits(gpu, PROMPT)
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-2 * float(want.abs().max()))
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.97
+    assert all(len(o.outputs[0].token_ids) == GREEDY.max_tokens for o in gpu.generate(PROMPTS, GREEDY))
+    assert gpu.core.stats().cuda_graph_steps_total > 0
+    del gpu
+    release_gpu_memory()
+
+
 @pytest.mark.parametrize("scheme", ["int8", "fp8"])
 def test_programmatic_dependent_launch_keeps_w8a8_tokens(tiny_dir: Path, scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The W8A8 kernels under PDL (kernels/pdl.py), the GEMM prefetching its weight into L2 before

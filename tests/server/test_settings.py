@@ -72,6 +72,8 @@ def test_quantization_flags_reach_the_model_config() -> None:
     assert (model.quantization, model.smoothquant_alpha) == ("int8", 0.5)
     model = parse("--quantization", "int8", "--quant-rotation", "residual_and_down").engine_config().model
     assert model.quant_rotation == "residual_and_down"
+    model = parse("--quantization", "int8", "--quant-gptq", "--quantize-lm-head").engine_config().model
+    assert model.quant_gptq and model.quantize_lm_head
     assert parse("--quantization", "fp8").engine_config().model.quantization == "fp8"
     assert ServerSettings().engine_config().model.quantization is None
     with pytest.raises(SystemExit):  # argparse: not one of the choices

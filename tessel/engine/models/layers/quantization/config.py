@@ -30,6 +30,7 @@ class QuantConfig:
     calibration_path: str | None = None
     rotation: str | None = None  # ModelConfig.quant_rotation: "residual" or "residual_and_down"
     lm_head: bool = False  # ModelConfig.quantize_lm_head
+    gptq: bool = False  # ModelConfig.quant_gptq
 
     @property
     def qdtype(self) -> torch.dtype:
@@ -77,6 +78,8 @@ def resolve_quant_config(cfg: ModelConfig, hf_config: dict[str, Any], device: to
             raise ValueError("quant_rotation applies to load-time quantization; this checkpoint is already quantized")
         if cfg.quantize_lm_head:
             raise ValueError("quantize_lm_head applies to load-time quantization; this checkpoint is already quantized")
+        if cfg.quant_gptq:
+            raise ValueError("quant_gptq applies to load-time quantization; this checkpoint is already quantized")
         quant = QuantConfig(ckpt.scheme, from_checkpoint=True, ignore=ckpt.ignore)
     elif cfg.quantization is None:
         return None
@@ -84,7 +87,7 @@ def resolve_quant_config(cfg: ModelConfig, hf_config: dict[str, Any], device: to
         quant = QuantConfig(
             cfg.quantization, from_checkpoint=False,
             smoothquant_alpha=cfg.smoothquant_alpha, calibration_path=cfg.smoothquant_calibration,
-            rotation=cfg.quant_rotation, lm_head=cfg.quantize_lm_head,
+            rotation=cfg.quant_rotation, lm_head=cfg.quantize_lm_head, gptq=cfg.quant_gptq,
         )
     if quant.scheme == "fp8":
         check_fp8_device(device)

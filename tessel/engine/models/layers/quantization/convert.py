@@ -11,6 +11,7 @@ from torch import nn
 from tessel.engine.models.layers.linear import ColumnParallelLinear, RowParallelLinear
 from tessel.engine.models.layers.quantization.calibration import calibration_prompts
 from tessel.engine.models.layers.quantization.config import QuantConfig
+from tessel.engine.models.layers.quantization.gptq import gptq_quantize, input_hessians
 from tessel.engine.models.layers.quantization.rotation import rotate_down_input, rotate_residual
 from tessel.engine.models.layers.quantization.smoothquant import smooth_model
 from tessel.engine.models.layers.quantization.w8a8 import W8A8LinearMethod
@@ -27,27 +28,45 @@ def quantize_model(model: nn.Module, quant: QuantConfig, tokenizer: Any = None) 
     if quant.rotation is not None:
         rotate_residual(model)
         log.info("residual stream rotated (quant_rotation=%s)", quant.rotation)
-    if quant.smoothquant_alpha is not None:
+    prompts: list[list[int]] = []
+    if quant.smoothquant_alpha is not None or quant.gptq:
         if tokenizer is None:
-            raise ValueError("smoothquant_alpha needs a tokenizer to encode its calibration prompts; this model has none")
+            raise ValueError("SmoothQuant and GPTQ need a tokenizer to encode their calibration prompts; this model has none")
         prompts = [tokenizer.encode(p) for p in calibration_prompts(quant.calibration_path)]
+    if quant.smoothquant_alpha is not None:
         smooth_model(model, prompts, quant.smoothquant_alpha)
         log.info("SmoothQuant alpha=%.2f calibrated on %d prompts", quant.smoothquant_alpha, len(prompts))
     if quant.rotation == "residual_and_down":  # after smoothing, which calibrates on the unturned input
         rotate_down_input(model)
-    count = 0
-    for name, module in model.named_modules():
-        if not isinstance(module, ColumnParallelLinear | RowParallelLinear) or not quant.is_quantized(name):
-            continue
+    layers = {name: module for name, module in model.named_modules()
+              if isinstance(module, ColumnParallelLinear | RowParallelLinear) and quant.is_quantized(name)}
+    if quant.gptq and not quant.from_checkpoint:
+        gptq_layers(model, layers, prompts, quant.qdtype)
+        log.info("GPTQ-rounded %d layers on %d calibration prompts", len(layers), len(prompts))
+    for module in layers.values():
         if not isinstance(module.method, W8A8LinearMethod):
             module.method = W8A8LinearMethod(quant.qdtype, from_checkpoint=False)
         module.method.process_weights_after_loading(module)
-        count += 1
+    count = len(layers)
     if quant.lm_head:
         quantize_head(model, quant.qdtype)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the float weights' memory goes back to the KV-cache budget
     return count
+
+
+def gptq_layers(
+    model: nn.Module, layers: dict[str, ColumnParallelLinear | RowParallelLinear], prompts: list[list[int]], qdtype: torch.dtype
+) -> None:
+    """GPTQ-round ``layers``, each calibrated on its inputs in the float model. (Calibrating each
+    decoder layer on what the already-W8A8 layers before it hand it, as the paper does, scored
+    worse on the default model: 95.8% mean top-1 over four rotation seeds against 96.4%.)"""
+    hessians = input_hessians(model, layers, prompts)  # before any layer turns W8A8
+    for name, module in layers.items():
+        q = gptq_quantize(module.get_parameter("weight").data, hessians.pop(name), qdtype)
+        module.weight = nn.Parameter(q.data, requires_grad=False)
+        module.weight_scale = nn.Parameter(q.scale, requires_grad=False)
+        module.method = W8A8LinearMethod(qdtype, from_checkpoint=True)  # takes weight + scale as they are
 
 
 def quantize_head(model: nn.Module, qdtype: torch.dtype) -> None:
