@@ -30,7 +30,7 @@ import torch.nn.functional as F
 import triton
 
 from benchmarks.decode_roofline import free, use_gpu_dummy_weights
-from benchmarks.step_trace import decode_breakdown, profile_decode, step_records
+from benchmarks.step_trace import decode_breakdown, host_phases, profile_decode, step_records
 from tessel.kernels.quant import act_quant, gemm, gemm_configs
 from tessel.kernels.quant import reference as ref
 from tessel.kernels.quant.types import FP8_DTYPE
@@ -199,9 +199,10 @@ def _engine_case(variant: str, quantization: str, extras: list[str]) -> dict[str
     }
     llm.generate([[1, 2, 3]] * 4, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))  # warm-up
     for batch in BATCHES:
-        with step_records(llm) as records:
+        with step_records(llm) as records, host_phases(llm) as host:
             row[f"decode_tok_s_b{batch}"] = decode_rate(llm, batch, seed=batch)
         row[f"steps_b{batch}"] = decode_breakdown(records, batch)
+        row[f"host_b{batch}"] = {k: 1e3 * v / max(len(records), 1) for k, v in host.items()}
     if PROFILE_BATCH:
         rng = Random(1)
         prompts = [[rng.randint(0, 10000) for _ in range(PROMPT_LEN)] for _ in range(PROFILE_BATCH)]
@@ -301,6 +302,15 @@ def _report(head: list[str], checks: list[dict[str, Any]], rows: list[dict[str, 
             if st:
                 lines.append(f"| {e['variant']} | {b} | {st['steps']:.0f} | {st['wall']:.2f} | {st['compute']:.2f} | "
                              f"{st['aggregate']:.2f} | {st['gpu_idle']:.2f} | {st['prepare']:.2f} | {st['return']:.2f} |")
+    lines += ["", "Host ms per step inside the engine loop's parts (mean over each decode run, prefill steps "
+              "included; launch holds prepare, finish the wait for the step):", "",
+              "| variant | batch | schedule | launch | finish | process | update |", "|---|---|---|---|---|---|---|"]
+    for e in engine:
+        for b in BATCHES:
+            h = e.get(f"host_b{b}")
+            if h:
+                lines.append(f"| {e['variant']} | {b} | " + " | ".join(f"{h[k]:.2f}" for k in
+                             ("schedule", "launch", "finish", "process", "update")) + " |")
     for e in engine:
         if e.get("kernels"):
             lines += ["", f"{e['variant']}: kernels of a b={PROFILE_BATCH} decode step (torch.profiler, 16 steps; "

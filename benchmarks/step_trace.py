@@ -39,6 +39,36 @@ def step_records(llm: Any) -> Iterator[list[dict[str, Any]]]:
         del stats.record  # back to the class's method
 
 
+@contextmanager
+def host_phases(llm: Any) -> Iterator[dict[str, float]]:
+    """Host seconds spent inside the engine loop's parts while inside, summed: schedule, the
+    runner's launch (stages 1-4 as the host sees them: prepare, graph replay, sampling launch),
+    its finish (the wait for a step, then reading its tokens), stage 5's processing, and the
+    scheduler's update. What the step's wall time holds beyond them is the loop itself."""
+    core = llm.core
+    targets = {"schedule": (core.scheduler, "schedule"), "launch": (core.runner, "launch"),
+               "finish": (core.runner, "finish"), "process": (core, "_process"),
+               "update": (core.scheduler, "update_from_output")}
+    totals = dict.fromkeys(targets, 0.0)
+
+    def timed(name: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                totals[name] += time.perf_counter() - t
+        return wrapper
+
+    for name, (obj, attr) in targets.items():
+        setattr(obj, attr, timed(name, getattr(obj, attr)))
+    try:
+        yield totals
+    finally:
+        for obj, attr in targets.values():
+            delattr(obj, attr)  # back to the class's method
+
+
 def decode_breakdown(records: list[dict[str, Any]], batch: int) -> dict[str, float]:
     """Median ms per full-batch graph step: wall (host time between consecutive completions),
     GPU compute, aggregate and idle, host prepare and return."""
