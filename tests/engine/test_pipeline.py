@@ -148,6 +148,22 @@ def test_stage1_pads_a_decode_step_to_its_graph_size() -> None:
     assert buf.device_view("input_ids").tolist() == [4, 8, 0, 0]
 
 
+
+def test_stage1_maps_each_placeholder_to_its_previous_row_and_skips_partial_chunks() -> None:
+    db = DoubleBuffer(input_specs(max_tokens=32, max_seqs=4, max_blocks=4, plan_size=0), CPU)
+    buf = db.acquire()
+    first = _scheduled([1, 2], [3, PLACEHOLDER], start=3, n=1, blocks=[4])
+    chunk = _scheduled([9, 8, 7, 6, 5, 4], [], start=0, n=4, blocks=[1, 6])  # the prompt's first 4
+    last = _scheduled([1, 2, 3], [PLACEHOLDER], start=3, n=1, blocks=[5])
+    step = prepare_step([first, chunk, last], buf, block_size=4,
+                        prev_rows={first.request_id: 2, last.request_id: 0})
+    assert buf.device_view("input_ids").tolist() == [PLACEHOLDER, 9, 8, 7, 6, PLACEHOLDER]
+    assert (buf.device_view("prev_src").tolist(), buf.device_view("prev_dst").tolist()) == ([2, 0], [0, 5])
+    assert buf.device_view("logits_indices").tolist() == [0, 5]  # the chunk samples nothing
+    assert [s.request_id for s in step.sampling] == [first.request_id, last.request_id]
+    assert buf.device_view("block_tables").view(3, 2).tolist() == [[4, 0], [1, 6], [5, 0]]
+    assert buf.device_view("slot_mapping").tolist() == [4 * 4 + 3, 4, 5, 6, 7, 5 * 4 + 3]
+
 @pytest.mark.parametrize("mode", ["balanced", "static", "none"])
 def test_static_plan_layout_is_fixed_by_batch_size(mode: str) -> None:
     """Two different plans of one padded size launch with identical arguments (what a graph
