@@ -99,7 +99,10 @@ class KVCacheManager:
                 self.prefix_stats.record(request.num_tokens, len(cached) * self.block_size)
             self._num_published[rid] = len(cached)
         self.pool.touch(cached)
-        self._blocks[rid] = held + cached + self.pool.allocate(num_needed)
+        # In place: rebuilding the list would cost O(blocks held) per decode step.
+        blocks = self._blocks.setdefault(rid, held)
+        blocks += cached
+        blocks += self.pool.allocate(num_needed)
         return True
 
     def cache_full_blocks(self, request: Request) -> None:
