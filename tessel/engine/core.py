@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from tessel.engine.distributed.group import TensorParallelError
 from tessel.engine.engine_setup import EngineParts
 from tessel.engine.faults import StepFaults
+from tessel.engine.gc_freeze import freeze_startup_heap
 from tessel.engine.request import (
     CompletionOutput,
     Logprob,
@@ -62,6 +63,7 @@ class EngineCore:
         self.expert_stats = ExpertLoadStats(num_experts) if num_experts else None  # None: dense
         self.faults = StepFaults()  # test-only: injected step failures
         self.parallel = parts.parallel  # None at one rank
+        freeze_startup_heap()
 
     # ---- failures ----------------------------------------------------------------------
 

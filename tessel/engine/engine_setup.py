@@ -15,6 +15,7 @@ from transformers import PreTrainedTokenizerFast
 
 from tessel.config.model_arch import ModelArch
 from tessel.config.settings import EngineConfig
+from tessel.engine.gc_freeze import release_frozen_heap
 from tessel.engine.kv_cache.manager import KVCacheManager
 from tessel.engine.loader import load_checkpoint
 from tessel.engine.models.layers.parallel import check_tensor_parallel
@@ -51,6 +52,7 @@ class EngineParts:
 
 
 def build_engine_parts(config: EngineConfig) -> EngineParts:
+    release_frozen_heap()
     start = time.perf_counter()
     checkpoint = load_checkpoint(config.model)  # before any worker: a cold GGUF converts once
     arch = ModelArch.from_hf(checkpoint.hf_config)

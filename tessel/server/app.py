@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
+from tessel.engine.gc_freeze import freeze_startup_heap
 from tessel.server.auth import load_api_keys
 from tessel.server.limits import BodySizeLimit
 from tessel.server.metrics import ServerMetrics
@@ -118,6 +119,7 @@ async def _load(
             on_failure(err)
         return
     _attach(state, engine)
+    freeze_startup_heap()  # the server's own loop streams every token: same stalls to avoid
     log.info(
         "Tessel ready: serving %s (max_model_len %d) at http://%s:%d/v1",
         state.served_model_name,

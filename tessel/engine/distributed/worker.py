@@ -19,6 +19,7 @@ from tessel.engine.distributed.group import (
     worker_store,
 )
 from tessel.engine.distributed.local_workers import joined_key
+from tessel.engine.gc_freeze import freeze_startup_heap
 from tessel.engine.loader import load_checkpoint
 from tessel.engine.shard_setup import build_shard, resolve_device
 
@@ -69,6 +70,7 @@ def follow_steps(config: EngineConfig, group: TensorParallelGroup) -> None:
     pipeline = shard.runner.pipeline
     assert pipeline.channel is not None
     log.info("tensor-parallel rank %d of %d ready on %s", group.rank, group.size, group.device)
+    freeze_startup_heap()
     sampled = None
     while (step := pipeline.channel.receive(pipeline.buffers.acquire(), pipeline.static_plan)) is not None:
         sampled = pipeline.follow(step, sampled)
