@@ -71,6 +71,17 @@ class Sampler:
             tokens = torch.where(meta.greedy, tokens, sampled)
         return tokens, raw_logprobs
 
+    def warm_up(self, logits: torch.Tensor) -> None:
+        """Compile the fused path's greedy and temperature variants for these logits (shape
+        and dtype as a step makes them) at startup: else the first request of each kind pays
+        Triton's compile, about a second, inside a step of the running batch."""
+        if not logits.is_cuda or os.environ.get("TESSEL_FUSED_SAMPLING", "1") == "0":
+            return
+        dispatch.sample_tokens(logits)
+        ones = torch.ones(logits.shape[0], dtype=torch.int64, device=logits.device)
+        inv_temperature = torch.ones(logits.shape[0], dtype=torch.float32, device=logits.device)
+        dispatch.sample_tokens(logits, TemperatureDraws(inv_temperature, ones, ones))
+
     def _sample_fused(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         """One read of the logits on CUDA: a request's draw is keyed by its seed (its own, or one
         drawn for it once) and its output length, so batch neighbours never change it."""

@@ -123,6 +123,7 @@ def build_shard(
         _runner_limits(config, max_model_len, device), tp=tp, channel=channel,
     )
     runner.pipeline.capture_graphs()
+    runner.pipeline.warm_up_sampling(dtype)
     return Shard(model, runner, num_blocks, per_block, max_model_len, device, dtype, quant)
 
 

@@ -164,3 +164,26 @@ def test_programmatic_dependent_launch_keeps_tokens(monkeypatch: pytest.MonkeyPa
     base = generate("SmolLM2-135M", PROMPTS, **kw)
     monkeypatch.setenv("TESSEL_PDL", "1")
     assert generate("SmolLM2-135M", PROMPTS, **kw) == base
+
+
+def test_startup_compiles_both_fused_sampling_variants(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy and temperature sampling each run once while the engine starts, so neither
+    request kind pays Triton's compile inside a step of a running batch."""
+    from tessel.kernels import dispatch
+
+    calls: list[bool] = []
+    real = dispatch.sample_tokens
+
+    def recording(logits: torch.Tensor, draws: object = None) -> torch.Tensor:
+        calls.append(draws is not None)
+        return real(logits, draws)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dispatch, "sample_tokens", recording)
+    llm = LLM(str(tiny_dir), cuda_graph_batch_sizes=GRAPH_SIZES, gpu_memory_utilization=0.3)
+    assert set(calls) == {False, True}
+    calls.clear()
+    out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0.8, max_tokens=4, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 4 and calls and all(calls)
+    del llm
+    gc.collect()
+    torch.cuda.empty_cache()

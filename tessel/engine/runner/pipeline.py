@@ -139,6 +139,17 @@ class StepPipeline:
             self.graphs.capture()
             self.expert_load.reset()  # capture ran the forward: its routing is no step's
 
+    @torch.inference_mode()
+    def warm_up_sampling(self, dtype: torch.dtype) -> None:
+        """Run the LM head and both fused sampling variants once (every rank: the head may
+        gather across them)."""
+        if not self.cuda:
+            return
+        hidden = torch.zeros(1, self.arch.hidden_size, dtype=dtype, device=self.device)
+        logits = self.model.compute_logits(hidden)  # type: ignore[operator]
+        if logits is not None:
+            self.sampler.warm_up(logits)
+
     # ---- stages 1-4 ------------------------------------------------------------------
 
     @torch.inference_mode()
