@@ -28,19 +28,11 @@ from benchmarks.report import emit
 
 
 def measure(args: argparse.Namespace) -> dict[str, float]:
-    import torch
+    from benchmarks.throughput import warm_dummy_llm, workload
+    from tessel.engine import SamplingParams
 
-    from benchmarks.throughput import workload
-    from tessel.engine import LLM, SamplingParams
-
-    if torch.cuda.is_available():
-        from benchmarks.decode_roofline import use_gpu_dummy_weights
-
-        use_gpu_dummy_weights()
-    llm = LLM(args.model, load_format="dummy", max_model_len=2048, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens)
-    llm.generate([[1, 2, 3]] * 4, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
-    core = llm.core
+    core = warm_dummy_llm(args.model, max_model_len=2048, max_num_seqs=args.max_num_seqs,
+                          max_num_batched_tokens=args.max_num_batched_tokens).core
     pauses = [0.0, 0.0, 0.0]
     counts = [0, 0, 0]
     started = [0.0]

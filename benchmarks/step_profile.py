@@ -18,10 +18,9 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.decode_roofline import use_gpu_dummy_weights
 from benchmarks.report import emit
 from benchmarks.serve import sharegpt_like_lengths
-from benchmarks.throughput import workload
+from benchmarks.throughput import warm_dummy_llm, workload
 
 
 def main() -> None:
@@ -34,14 +33,10 @@ def main() -> None:
     ap.add_argument("--profile-steps", type=int, default=20)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    if torch.cuda.is_available():
-        use_gpu_dummy_weights()
-    from tessel.engine import LLM, SamplingParams
+    from tessel.engine import SamplingParams
 
-    llm = LLM(args.model, load_format="dummy", max_model_len=4096, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens)
-    llm.generate([[1, 2, 3]] * 4, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
-    core = llm.core
+    core = warm_dummy_llm(args.model, max_model_len=4096, max_num_seqs=args.max_num_seqs,
+                          max_num_batched_tokens=args.max_num_batched_tokens).core
     prompts, _ = workload(args.num, 100, 1024)
     pairs = sharegpt_like_lengths(args.num, seed=0)
     for i, (p, (n, m)) in enumerate(zip(prompts, pairs, strict=True)):

@@ -16,12 +16,15 @@ import json
 import time
 from pathlib import Path
 from random import Random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from benchmarks.decode_roofline import free, use_gpu_dummy_weights
 from benchmarks.serve import sharegpt_like_lengths
+
+if TYPE_CHECKING:
+    from tessel.engine import LLM
 
 
 def workload(num: int, lo: int, hi: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
@@ -32,11 +35,22 @@ def workload(num: int, lo: int, hi: int, seed: int = 0) -> tuple[list[list[int]]
     return prompts, outputs
 
 
-def run(model: str, prompts: list[list[int]], outputs: list[int], **kw: Any) -> dict[str, Any]:
+def warm_dummy_llm(model: str, **kw: Any) -> LLM:
+    """An engine on ``model``'s shapes with random weights (drawn on the GPU when there is
+    one), after a short warm-up generation so the timed work starts compiled."""
     from tessel.engine import LLM, SamplingParams
 
+    if torch.cuda.is_available():
+        use_gpu_dummy_weights()
     llm = LLM(model, load_format="dummy", **kw)
-    llm.generate([[1, 2, 3]] * 4, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))  # warm-up
+    llm.generate([[1, 2, 3]] * 4, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    return llm
+
+
+def run(model: str, prompts: list[list[int]], outputs: list[int], **kw: Any) -> dict[str, Any]:
+    from tessel.engine import SamplingParams
+
+    llm = warm_dummy_llm(model, **kw)
     params = [SamplingParams(temperature=0.6, max_tokens=n, ignore_eos=True) for n in outputs]
     torch.cuda.synchronize()
     t = time.perf_counter()
