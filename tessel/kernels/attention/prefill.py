@@ -3,7 +3,7 @@
 Covers full prefill, chunked prefill and prefix-cache hits in one kernel: request ``b``'s
 new queries are the last ``q_len`` of its ``seq_len`` positions, and they attend causally to
 everything before them in the cache (``store_kv`` has written the new tokens' K/V already).
-Grid: (row blocks, requests, heads); programs past a request's rows exit. A block's rows are one
+Grid: (heads, row blocks, requests); programs past a request's rows exit. A block's rows are one
 query head's tokens, or with ``pack_gqa`` the (token, query head) pairs of one KV head,
 token-major: then the GROUP query heads that share a KV head read its keys and values once, and
 a decode row in a mixed step (one token, GROUP rows) costs one pass over its context per KV head
@@ -30,7 +30,8 @@ LOG2E = 1.4426950408889634
 def _prefill_configs() -> list[triton.Config]:
     shapes = [(64, 32, 4, 2)]  # the untuned default (and the interpreter's)
     if autotune_enabled():
-        shapes = [(128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 4), (128, 128, 8, 2)]
+        shapes = [(128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 4), (128, 128, 8, 2),
+                  (128, 128, 8, 3), (128, 64, 8, 4), (64, 128, 4, 3)]
     return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
 
 
@@ -41,22 +42,29 @@ def _attend_block(
     PAGE: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     pos = n0 + offs_n
-    valid = pos < kv_end
-    blk = tl.load(table + pos // PAGE, mask=valid, other=0).to(tl.int64)
     off = pos % PAGE
-    k = tl.load(k_base + (blk * stride_kb + off * stride_ks)[:, None], mask=valid[:, None], other=0.0)
-    v = tl.load(v_base + (blk * stride_vb + off * stride_vs)[:, None], mask=valid[:, None], other=0.0)
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    if CAUSAL:
+        valid = pos < kv_end
+        blk = tl.load(table + pos // PAGE, mask=valid, other=0).to(tl.int64)
+        k = tl.load(k_base + (blk * stride_kb + off * stride_ks)[:, None], mask=valid[:, None], other=0.0)
+        v = tl.load(v_base + (blk * stride_vb + off * stride_vs)[:, None], mask=valid[:, None], other=0.0)
+    else:  # every key of the block is cached and seen by every row: no masks, which cost issue slots
+        blk = tl.load(table + pos // PAGE).to(tl.int64)
+        k = tl.load(k_base + (blk * stride_kb + off * stride_ks)[:, None])
+        v = tl.load(v_base + (blk * stride_vb + off * stride_vs)[:, None])
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     if CAUSAL:
         s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    # Every row sees a key in its first block (the loops run in key order and the diagonal
-    # starts at or before each row's position); m_safe only keeps padded rows NaN-free.
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(s - m_safe[:, None])
-    alpha = tl.exp2(m_i - m_safe)
+    # The scale rides on the row max and on one FMA per score rather than a multiply of its own.
+    # m_new is finite from the first block on: the loops run in key order and key 0 is visible
+    # to every row (padded rows too), so no -inf - -inf guard is needed.
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    p = tl.exp2(s * qk_scale - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    # The rescaled accumulator goes into the dot as its addend: the tensor cores accumulate in
+    # place instead of a separate [BLOCK_M, D] add after the product.
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return acc, l_i, m_new
 
 
@@ -74,10 +82,12 @@ def _prefill_kernel(
     ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # ROWS rows per token: 1 (program pid_h is a query head) or GROUP (pid_h is a KV head and
-    # the rows are its query heads' (token, head) pairs)
-    pid_m = tl.program_id(0)
-    req = tl.program_id(1)
-    pid_h = tl.program_id(2)
+    # the rows are its query heads' (token, head) pairs). Heads vary fastest and row blocks run
+    # last-first: the GPU starts the blocks with the most keys first, so the short ones fill
+    # the last wave instead of the long ones leaving most SMs idle at the end.
+    pid_h = tl.program_id(0)
+    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    req = tl.program_id(2)
     kvh = pid_h // (GROUP // ROWS)
     first_head = pid_h * ROWS
     q_start = tl.load(qsl_ptr + req)
@@ -149,7 +159,7 @@ def paged_prefill(
     group = num_q_heads // num_kv_heads
     pack = PACK_GQA_BY_DEFAULT if pack_gqa is None else pack_gqa
     rows, heads = (group, num_kv_heads) if pack else (1, num_q_heads)
-    grid = lambda meta: (triton.cdiv(md.max_query_len * rows, meta["BLOCK_M"]), md.batch_size, heads)  # noqa: E731
+    grid = lambda meta: (heads, triton.cdiv(md.max_query_len * rows, meta["BLOCK_M"]), md.batch_size)  # noqa: E731
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, qsl, seq_lens, tables, scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
