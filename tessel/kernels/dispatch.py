@@ -10,7 +10,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from tessel.kernels import cpu_attention, cpu_elementwise, cpu_linear, reference
+from tessel.kernels import cpu_argmax, cpu_attention, cpu_elementwise, cpu_linear, reference
 from tessel.kernels.attention.metadata import AttentionMetadata
 from tessel.kernels.moe import reference as moe_reference
 from tessel.kernels.quant import reference as quant_reference
@@ -140,6 +140,13 @@ def paged_attention(
     if _use_cpu_fast_path(q):
         return cpu_attention.paged_attention(q, k_cache, v_cache, md, scale, k_new, v_new)
     return reference.paged_attention(q, k_cache, v_cache, md, scale)
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """int64 [B]: each row's first index of its maximum, for ``x`` [B, V]."""
+    if _use_cpu_fast_path(x) and x.dim() == 2 and x.dtype in (torch.float32, torch.float64):
+        return cpu_argmax.argmax_rows(x)
+    return x.argmax(dim=-1)
 
 
 def sample_tokens(

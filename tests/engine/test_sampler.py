@@ -226,3 +226,22 @@ def test_metadata_skips_unused_tensors() -> None:
     assert m.truncation.top_k is not None and m.truncation.top_k.tolist() == [2]
     assert m.penalties is not None and m.penalties.rows.tolist() == [1]
     assert m.penalties.repetition is None
+
+
+def test_zero_mass_tokens_never_win_at_the_vocabulary_edges() -> None:
+    """Rows whose only allowed token is the first or the last id (the rest masked to -inf, as
+    top-k and logit_bias bans leave them), over many draws: the draw never lands on a masked id."""
+    vocab = 1000
+    logits = torch.full((4, vocab), float("-inf"))
+    logits[0, 0] = logits[1, -1] = 0.0
+    logits[2, [0, -1]] = 0.0  # two allowed at the two ends, zeros between them
+    logits[3, 500] = 3.0
+    for seed in range(50):
+        out = Sampler(seed).sample(logits.clone(), meta(*[req(str(i), temperature=1.0) for i in range(4)], vocab=vocab))
+        assert out.token_ids[:2] == [0, vocab - 1] and out.token_ids[2] in (0, vocab - 1) and out.token_ids[3] == 500
+
+
+def test_greedy_argmax_takes_the_first_of_tied_maxima() -> None:
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0, 0.0, 0.0, 0.0], [0.0] * 8, [-1.0, -1.0, -2.0, -5, -1, -1, -1, -1]])
+    out = Sampler().sample(logits.clone(), meta(*[req(str(i), temperature=0.0) for i in range(3)]))
+    assert out.token_ids == torch.argmax(logits, dim=-1).tolist() == [1, 0, 0]

@@ -107,3 +107,16 @@ def test_packing_skips_what_onednn_path_does_not_cover() -> None:
     x, w = torch.randn(3, 8), torch.randn(4, 8)
     torch.testing.assert_close(dispatch.linear(x, w, None, None), F.linear(x, w))
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_argmax_rows_matches_torch(dtype: torch.dtype) -> None:
+    """The numpy path against torch.argmax: random rows, rows of ties, -inf masks, a strided view."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(37, 5003, generator=g, dtype=dtype)
+    x[3] = 2.0  # all tied: the first index
+    x[4, ::2] = float("-inf")
+    x[5, [7, 4000]] = 1e6  # two tied maxima
+    for view in (x, x[:, 1:], x[::3]):
+        got = dispatch.argmax_rows(view)
+        assert got.dtype == torch.int64 and torch.equal(got, view.argmax(dim=-1))
