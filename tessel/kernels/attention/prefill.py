@@ -48,7 +48,7 @@ def _attend_block(
         blk = tl.load(table + pos // PAGE, mask=valid, other=0).to(tl.int64)
         k = tl.load(k_base + (blk * stride_kb + off * stride_ks)[:, None], mask=valid[:, None], other=0.0)
         v = tl.load(v_base + (blk * stride_vb + off * stride_vs)[:, None], mask=valid[:, None], other=0.0)
-    else:  # every key of the block is cached and seen by every row: no masks, which cost issue slots
+    else:  # every key of the block is cached and seen by every row: no masks needed
         blk = tl.load(table + pos // PAGE).to(tl.int64)
         k = tl.load(k_base + (blk * stride_kb + off * stride_ks)[:, None])
         v = tl.load(v_base + (blk * stride_vb + off * stride_vs)[:, None])
@@ -62,8 +62,7 @@ def _attend_block(
     p = tl.exp2(s * qk_scale - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
-    # The rescaled accumulator goes into the dot as its addend: the tensor cores accumulate in
-    # place instead of a separate [BLOCK_M, D] add after the product.
+    # The rescaled accumulator is the PV dot's addend: the tensor cores accumulate in place.
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return acc, l_i, m_new
 
