@@ -80,6 +80,9 @@ class ServerState:
         )
 
     def check_model(self, model: str | None) -> None:
+        # Before the model loads its name is unknown: a 404 naming "``" would tell a client to
+        # fix a request that is right, where a 503 tells it to retry.
+        self.ready_engine()
         if model is not None and model != self.served_model_name:
             raise APIError(
                 404,

@@ -212,6 +212,10 @@ async def test_draining_and_loading_are_503(make_app: Callable[..., FastAPI]) ->
             ),
             503,
         )
+        # A request naming the model it will serve: still "retry", not a 404 for a name unknown yet.
+        named = await c.post("/v1/completions", json={"model": "SmolLM2-135M-Instruct", "prompt": "x"})
+        assert_error(named, 503)
+        assert named.json()["error"]["code"] == "loading"
 
 
 async def test_unknown_route_and_method_keep_the_shape(client: httpx.AsyncClient) -> None:
