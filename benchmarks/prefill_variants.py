@@ -3,6 +3,9 @@
 6f8a852), and each switch alone, or each one left out, attributes the difference. Same arguments
 and layout as ``tessel.kernels.attention.prefill`` (GQA-packed rows).
 
+A copy on purpose, not an import of the kernel's pieces: the baseline must stay the kernel as it was,
+whatever later changes make of ``prefill.py``, or the benchmark's "before" column would drift with it.
+
 - ORDER 0: row blocks fastest on the grid, first to last (before); 1: row blocks fastest, last
   (most keys) first, heads slowest; 2: heads fastest, row blocks last-first.
 - ACC_IN_DOT: the rescaled accumulator is the PV dot's addend, not a separate add.
