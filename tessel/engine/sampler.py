@@ -89,8 +89,7 @@ class Sampler:
             return dispatch.sample_tokens(logits)
         seeds = [self._request_seed(rid, seed) for rid, seed in zip(meta.request_ids, meta.seeds, strict=True)]
         assert meta.inv_temperature is not None  # built whenever a row is not greedy
-        host = torch.tensor([seeds, meta.output_lengths], dtype=torch.int64)
-        seeds_dev, steps_dev = host.to(logits.device, non_blocking=True)
+        seeds_dev, steps_dev = draw_keys(seeds, meta.output_lengths, logits.device)
         return dispatch.sample_tokens(logits, TemperatureDraws(meta.inv_temperature, seeds_dev, steps_dev))
 
     def _request_seed(self, request_id: str, seed: int | None) -> int:
@@ -254,3 +253,13 @@ def apply_top_k_top_p(
         drop[:, -1] = False  # always keep the best token
         sorted_logits.masked_fill_(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def draw_keys(seeds: list[int], steps: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's seed and step on ``device``, in one copy. The two rows are padded to an even
+    width so the second starts 16-byte aligned like the first: Triton compiles a kernel apart
+    for a pointer that is not, which an odd batch would otherwise pay inside a step."""
+    pad = [0] * (len(seeds) % 2)
+    host = torch.tensor([seeds + pad, steps + pad], dtype=torch.int64)
+    keys = host.to(device, non_blocking=True)[:, : len(seeds)]
+    return keys[0], keys[1]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tessel.engine.request import Request
-from tessel.engine.sampler import Sampler, apply_top_k_top_p, process_logits, truncate
+from tessel.engine.sampler import Sampler, apply_top_k_top_p, draw_keys, process_logits, truncate
 from tessel.engine.sampling_metadata import SamplingMetadata, TruncationTensors, check_token_ids
 from tessel.engine.sampling_params import SamplingParams, SamplingParamsError
 
@@ -245,3 +245,13 @@ def test_greedy_argmax_takes_the_first_of_tied_maxima() -> None:
     logits = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0, 0.0, 0.0, 0.0], [0.0] * 8, [-1.0, -1.0, -2.0, -5, -1, -1, -1, -1]])
     out = Sampler().sample(logits.clone(), meta(*[req(str(i), temperature=0.0) for i in range(3)]))
     assert out.token_ids == torch.argmax(logits, dim=-1).tolist() == [1, 0, 0]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 8])
+def test_draw_keys_start_aligned_at_any_batch(rows: int) -> None:
+    """The fused sampler's seed and step rows both start 16-byte aligned whatever the batch, so
+    an odd batch does not make Triton compile a kernel apart (kernels/sampling.py)."""
+    seeds, steps = list(range(100, 100 + rows)), list(range(rows))
+    seed_t, step_t = draw_keys(seeds, steps, torch.device("cpu"))
+    assert seed_t.tolist() == seeds and step_t.tolist() == steps
+    assert seed_t.data_ptr() % 16 == 0 and step_t.data_ptr() % 16 == 0

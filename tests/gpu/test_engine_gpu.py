@@ -187,3 +187,38 @@ def test_startup_compiles_both_fused_sampling_variants(tiny_dir: Path, monkeypat
     del llm
     gc.collect()
     torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("enforce_eager", [False, True])
+def test_step_shapes_compile_nothing_after_the_first_batch(tiny_dir: Path, enforce_eager: bool) -> None:
+    """A step's block-table width, decode-plan offsets and batch size change with its requests.
+    The widths and offsets are kept out of Triton's specialization (kernels/specialization.py)
+    and the sampler's seed/step rows start aligned at any batch (sampler.draw_keys), so once the
+    engine has served one batch, batches of other widths (1, a multiple of 16, neither) and odd
+    or even sizes compile no attention or sampling kernel inside a step."""
+    import triton
+
+    watched = {"_prefill_kernel", "_decode_kernel", "_merge_kernel", "_chunk_best_kernel", "_row_best_kernel"}
+    compiled: list[str] = []
+
+    def hook(**kw: object) -> bool:
+        compiled.append(kw["fn"].name)  # type: ignore[attr-defined]
+        return False
+
+    llm = LLM(str(tiny_dir), cuda_graph_batch_sizes=GRAPH_SIZES, gpu_memory_utilization=0.3,
+              enforce_eager=enforce_eager, block_size=16)
+    warm = SamplingParams(temperature=0.8, max_tokens=MAX_TOKENS, ignore_eos=True, seed=1)
+    llm.generate([[5, 6, 7]] * 2, warm)  # block tables one block wide, an even batch
+    previous = triton.knobs.runtime.jit_cache_hook
+    triton.knobs.runtime.jit_cache_hook = hook
+    try:
+        # 256, 37 and 307 prompt tokens: tables 16, 3 and 20 blocks wide, then wider as they decode
+        prompts = [[3 + i % 290 for i in range(n)] for n in (256, 37, 307)]
+        for batch in (prompts, prompts[:2], prompts[1:], prompts[:1]):
+            llm.generate(batch, [warm, GREEDY, warm][: len(batch)])
+    finally:
+        triton.knobs.runtime.jit_cache_hook = previous
+    assert not watched & set(compiled), compiled
+    del llm
+    gc.collect()
+    torch.cuda.empty_cache()

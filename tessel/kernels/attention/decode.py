@@ -27,6 +27,7 @@ from tessel.kernels.attention.decode_plan import (  # re-exported: the plan's pu
 )
 from tessel.kernels.attention.merge import merge_partials
 from tessel.kernels.checks import FLOAT_DTYPES, check_shape, check_tensor
+from tessel.kernels.specialization import step_varying
 
 __all__ = [
     "DEFAULT_DECODE", "DecodeConfig", "DecodePlan", "StaticDecodePlan", "build_decode_plan",
@@ -53,7 +54,7 @@ def _decode_configs() -> list[triton.Config]:
 
 
 @triton.autotune(configs=_decode_configs(), key=["HEAD_DIM", "GROUP_PAD", "PAGE"])
-@triton.jit
+@triton.jit(do_not_specialize=step_varying("stride_bt", "num_tiles", "bucket_off", "first_off", "count_off"))
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_lse_ptr,
     block_tables_ptr, sched_ptr,

@@ -7,9 +7,10 @@ import triton
 import triton.language as tl
 
 from tessel.kernels import pdl
+from tessel.kernels.specialization import step_varying
 
 
-@triton.jit
+@triton.jit(do_not_specialize=step_varying("first_off", "count_off"))
 def _merge_kernel(
     out_ptr, part_out_ptr, part_lse_ptr, sched_ptr,
     stride_ot, stride_oh, first_off, count_off, num_q_heads,

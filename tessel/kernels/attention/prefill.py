@@ -23,6 +23,7 @@ import triton.language as tl
 from tessel.kernels.attention.decode import autotune_enabled
 from tessel.kernels.attention.metadata import AttentionMetadata
 from tessel.kernels.checks import FLOAT_DTYPES, check_shape, check_tensor
+from tessel.kernels.specialization import step_varying
 
 LOG2E = 1.4426950408889634
 
@@ -71,7 +72,7 @@ PACK_GQA_BY_DEFAULT = os.environ.get("TESSEL_PREFILL_PACK_GQA", "1") == "1"
 
 
 @triton.autotune(configs=_prefill_configs(), key=["HEAD_DIM", "GROUP", "PAGE", "ROWS"])
-@triton.jit
+@triton.jit(do_not_specialize=step_varying("stride_bt"))
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, qsl_ptr, seq_lens_ptr, block_tables_ptr,
     qk_scale,
