@@ -103,6 +103,20 @@ def test_k8s_deployment_probes_gpu_and_drain() -> None:
     assert service["spec"]["ports"][0]["targetPort"] == container["ports"][0]["name"]
 
 
+def test_triton_cache_of_the_image_is_a_volume_of_the_pod() -> None:
+    env = dict(
+        pair.split("=", 1) for args in instructions("ENV") for pair in shlex.split(args)
+    )
+    cache = env["TRITON_CACHE_DIR"]
+    assert any("$TRITON_CACHE_DIR" in args for args in instructions("RUN"))  # made before USER
+    (deployment,) = load_all(DEPLOY / "k8s" / "deployment.yaml")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == cache]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert "emptyDir" in volume and not mount.get("readOnly")
+
+
 def test_hpa_scales_the_deployment_on_waiting_requests() -> None:
     (hpa,) = load_all(DEPLOY / "k8s" / "hpa.yaml")
     assert hpa["spec"]["scaleTargetRef"]["name"] == "tessel"
