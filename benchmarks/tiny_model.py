@@ -22,13 +22,17 @@ CONFIG = {
 }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("directory")
-    directory = Path(ap.parse_args().directory)
+def write_tiny_model(directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(CONFIG, indent=1))
     placeholder_tokenizer(CONFIG["vocab_size"], CONFIG["eos_token_id"]).save_pretrained(directory)
+    return directory
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("directory")
+    write_tiny_model(Path(ap.parse_args().directory))
 
 
 if __name__ == "__main__":
