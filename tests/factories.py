@@ -78,7 +78,11 @@ class FakeModel:
         assert len(out.scheduled) <= self.scheduler.config.max_num_seqs
         sampled: dict[str, int] = {}
         for item in out.scheduled:
-            request, table, bs = item.request, item.block_table, self.block_size
+            request, bs = item.request, self.block_size
+            table = out.block_tables[item.table_row, : item.num_blocks].tolist()
+            # The array mirror stage 1 gathers from holds exactly the manager's list, 0 after it.
+            assert table == self.scheduler.kv_cache.block_table(item.request_id)
+            assert not out.block_tables[item.table_row, item.num_blocks :].any()
             assert (
                 item.num_new_tokens > 0 and item.start + item.num_new_tokens <= request.num_tokens
             )

@@ -28,8 +28,7 @@ from tessel.engine.engine_setup import build_engine_parts
 from tessel.engine.request import (
     CompletionOutput,
     RequestOutput,
-    accumulate_output,
-    empty_output_like,
+    merge_outputs,
 )
 from tessel.engine.sampling_params import SamplingParams
 from tessel.engine.stats import EngineStats
@@ -58,14 +57,13 @@ def _coalesce(
     follows them). A stream falls behind only when the event loop is slower than the steps;
     sending what has piled up as one chunk then costs its per-chunk work (JSON, SSE framing,
     a socket write) once instead of once per token, so a loaded server catches up."""
-    merged = empty_output_like(first)
-    accumulate_output(merged, first)
-    while not merged.finished and not queue.empty():
+    deltas = [first]
+    while not deltas[-1].finished and not queue.empty():
         item = queue.get_nowait()
         if isinstance(item, BaseException):
-            return merged, item
-        accumulate_output(merged, item)
-    return merged, None
+            return merge_outputs(deltas), item
+        deltas.append(item)
+    return (first if len(deltas) == 1 else merge_outputs(deltas)), None
 
 
 def aborted_output(request_id: str) -> RequestOutput:

@@ -52,7 +52,8 @@ class EngineCore:
         self.outputs = parts.output_processor
         self.max_model_len = parts.max_model_len
         self._parents: dict[str, _Parent] = {}
-        self._child_parent: dict[str, str] = {}
+        self._child_parent: dict[str, _Parent] = {}  # child request id -> its user request
+        self._penalized: set[str] = set()  # unfinished child ids whose sampling uses penalties
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
         self._finished_total: dict[str, int] = {}
@@ -109,13 +110,16 @@ class EngineCore:
             for child in added:
                 self.scheduler.finish_request(child.request_id, RequestStatus.FINISHED_ABORTED)
             raise
-        for index, child in enumerate(children):
-            self.outputs.add_request(child, index)
-            self._child_parent[child.request_id] = request_id
-        self._parents[request_id] = _Parent(
+        parent = _Parent(
             request_id, text, token_ids, children, RequestMetrics(arrival),
             [None] if params.prompt_logprobs is not None else None,
         )
+        for index, child in enumerate(children):
+            self.outputs.add_request(child, index)
+            self._child_parent[child.request_id] = parent
+            if _uses_penalties(child.params):
+                self._penalized.add(child.request_id)
+        self._parents[request_id] = parent
         self._prompt_tokens_total += len(token_ids)
 
     def _child(
@@ -223,6 +227,8 @@ class EngineCore:
     def _needs_history(self) -> bool:
         """Whether a running request's sampling reads its output tokens' values (penalties):
         then the step in flight is completed before the next is scheduled."""
+        if not self._penalized:  # the common case, without a scan of the running requests
+            return False
         return any(_uses_penalties(r.params) for r in self.scheduler.running)
 
     def _complete(self, inflight: InFlightStep, placeholders: bool) -> list[RequestOutput]:
@@ -247,39 +253,52 @@ class EngineCore:
     def _process(self, sched: SchedulerOutput, result: RunnerOutput) -> list[RequestOutput]:
         now = time.monotonic()
         deltas: dict[str, list[CompletionOutput]] = {}
+        # Per request per step at full batch: lookups hoisted, the common case kept short.
+        child_parent, sampled, logprobs = self._child_parent, result.sampled, result.logprobs
+        process = self.outputs.process
+        num_generated = 0
         for s in sched.scheduled:
-            parent_id = self._child_parent.get(s.request_id)
-            parent = self._parents.get(parent_id) if parent_id else None
-            if parent is None or s.request.is_finished:
+            request = s.request
+            parent = child_parent.get(s.request_id)
+            if parent is None or request.is_finished:
                 self.step_stats.wasted_tokens_total += s.num_new_tokens
                 continue
-            parent.metrics.scheduled_time = parent.metrics.scheduled_time or now
-            scored = result.prompt_logprobs.get(s.request_id)
-            if parent.prompt_logprobs is not None and scored and s.request is parent.children[0]:
-                first, logprobs = scored
-                if first == len(parent.prompt_logprobs):  # a recompute after preemption adds nothing
-                    parent.prompt_logprobs.extend(logprobs)
-            token = result.sampled.get(s.request_id)
+            metrics = parent.metrics
+            if metrics.scheduled_time is None:
+                metrics.scheduled_time = now
+            if parent.prompt_logprobs is not None:
+                self._add_prompt_logprobs(parent, request, result)
+            token = sampled.get(s.request_id)
             if token is None:
                 continue
-            if s.request.max_tokens == 0:  # prompt only (echo, scoring): the sample is dropped
-                s.request.output_token_ids.clear()
-                delta = CompletionOutput(parent.children.index(s.request), "", [], "length")
+            if request.max_tokens == 0:  # prompt only (echo, scoring): the sample is dropped
+                request.output_token_ids.clear()
+                delta = CompletionOutput(parent.children.index(request), "", [], "length")
             else:
-                logprob = result.logprobs.get(s.request_id)
-                delta = self.outputs.process(s.request, None if logprob is None else [logprob])
-                self._generation_tokens_total += len(delta.token_ids)
+                logprob = logprobs.get(s.request_id) if logprobs else None
+                delta = process(request, None if logprob is None else [logprob])
+                num_generated += len(delta.token_ids)
             if delta.finish_reason is not None:
-                self._release(s.request, RequestStatus(delta.finish_reason))
+                self._release(request, RequestStatus(delta.finish_reason))
                 self._count_finish(delta.finish_reason)
             deltas.setdefault(parent.request_id, []).append(delta)
-            if parent.metrics.first_token_time is None:
-                parent.metrics.first_token_time = now
-            parent.metrics.token_times.append(now)
+            if metrics.first_token_time is None:
+                metrics.first_token_time = now
+            metrics.token_times.append(now)
+        self._generation_tokens_total += num_generated
         return [self._emit(self._parents[pid], outs, now) for pid, outs in deltas.items()]
 
+    @staticmethod
+    def _add_prompt_logprobs(parent: _Parent, request: Request, result: RunnerOutput) -> None:
+        scored = result.prompt_logprobs.get(request.request_id)
+        if parent.prompt_logprobs is not None and scored and request is parent.children[0]:
+            first, logprobs = scored
+            if first == len(parent.prompt_logprobs):  # a recompute after preemption adds nothing
+                parent.prompt_logprobs.extend(logprobs)
+
     def _emit(self, parent: _Parent, outs: list[CompletionOutput], now: float) -> RequestOutput:
-        finished = parent.finished
+        # A parent finishes in the step where its last child does, so only then is it checked.
+        finished = any(o.finish_reason is not None for o in outs) and parent.finished
         if finished:
             parent.metrics.finished_time = now
             del self._parents[parent.request_id]
@@ -302,6 +321,7 @@ class EngineCore:
         self.runner.forget(request.request_id)
         self.outputs.abort(request.request_id)
         self._child_parent.pop(request.request_id, None)
+        self._penalized.discard(request.request_id)
 
     def _count_finish(self, reason: str) -> None:
         self._finished_total[reason] = self._finished_total.get(reason, 0) + 1

@@ -47,8 +47,10 @@ class IncrementalDetokenizer:
         return self._advance(final=True)
 
     def _advance(self, final: bool) -> str:
-        prefix_text = self._decode(self._ids[: self._read_offset])
-        text = self._decode(self._ids)
+        ids, read = self._ids, self._read_offset
+        decode, skip = self._backend.decode, self._skip  # per token per request: kept local
+        prefix_text = decode(ids[:read], skip_special_tokens=skip) if read else ""
+        text = decode(ids, skip_special_tokens=skip) if ids else ""
         if len(text) <= len(prefix_text) or (not final and text.endswith(REPLACEMENT_CHAR)):
             return ""
         # Slide the window: the newly read ids become the next step's prefix.

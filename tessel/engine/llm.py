@@ -10,7 +10,7 @@ from tqdm import tqdm
 from tessel.config.settings import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from tessel.engine.core import EngineCore
 from tessel.engine.engine_setup import build_engine_parts
-from tessel.engine.request import RequestOutput, accumulate_output, empty_output_like
+from tessel.engine.request import RequestOutput, merge_outputs
 from tessel.engine.sampling_params import SamplingParams
 
 Prompt = str | list[int]
@@ -52,15 +52,16 @@ class LLM:
         ids = [str(next(self._ids)) for _ in prompts]
         for rid, prompt, p in zip(ids, prompts, params_list, strict=True):
             self.core.add_request(rid, prompt, p)  # type: ignore[arg-type]
-        final: dict[str, RequestOutput] = {}
+        # Deltas are folded once at the end: folding each step's would cost every request
+        # its per-delta work inside the step loop, where it delays the next step.
+        deltas: dict[str, list[RequestOutput]] = {rid: [] for rid in ids}
         with tqdm(total=len(ids), disable=not use_tqdm, desc="generate") as bar:
             while self.core.has_unfinished():
                 for out in self.core.step():
-                    merged = final.setdefault(out.request_id, empty_output_like(out))
-                    accumulate_output(merged, out)
+                    deltas[out.request_id].append(out)
                     if out.finished:
                         bar.update(1)
-        return [final[rid] for rid in ids]
+        return [merge_outputs(deltas[rid]) for rid in ids]
 
 
 def engine_config_from_kwargs(model: str | None, **kw: object) -> EngineConfig:

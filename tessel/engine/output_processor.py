@@ -106,6 +106,9 @@ class OutputProcessor:
     @staticmethod
     def _release_safe(state: _StreamState, request: Request) -> str:
         """Emit held text except a suffix that could still grow into a stop string."""
+        if not request.params.stop:
+            text, state.held = state.held, ""
+            return text
         keep = partial_stop_length(state.held, request.params.stop)
         text, state.held = (
             state.held[: len(state.held) - keep],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tessel.engine.sampling_params import SamplingParams
@@ -134,34 +135,37 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
 
 
-def empty_output_like(out: RequestOutput) -> RequestOutput:
-    """A request's output with no choices yet, to fold deltas into."""
+def merge_outputs(deltas: Sequence[RequestOutput]) -> RequestOutput:
+    """A request's deltas, oldest first, folded into one output in a single pass: each choice's
+    text joined, its token ids and logprobs concatenated, its last finish reason kept, choices
+    sorted by index. The deltas' own objects are not changed."""
+    first, last = deltas[0], deltas[-1]
+    choices: dict[int, CompletionOutput] = {}
+    texts: dict[int, list[str]] = {}
+    prompt_logprobs = first.prompt_logprobs
+    for delta in deltas:
+        if delta.prompt_logprobs is not None:
+            prompt_logprobs = delta.prompt_logprobs
+        for d in delta.outputs:
+            c = choices.get(d.index)
+            if c is None:
+                c = choices[d.index] = CompletionOutput(d.index, "", [], logprobs=None if d.logprobs is None else [])
+                texts[d.index] = []
+            texts[d.index].append(d.text)
+            c.token_ids.extend(d.token_ids)
+            if d.logprobs is not None:
+                c.logprobs = c.logprobs if c.logprobs is not None else []
+                c.logprobs.extend(d.logprobs)
+            c.finish_reason, c.stop_reason = d.finish_reason, d.stop_reason
+    for index, c in choices.items():
+        c.text = "".join(texts[index])
     return RequestOutput(
-        request_id=out.request_id,
-        prompt_token_ids=out.prompt_token_ids,
-        outputs=[],
-        finished=False,
-        prompt=out.prompt,
-        prompt_logprobs=out.prompt_logprobs,
-        num_cached_tokens=out.num_cached_tokens,
-        metrics=out.metrics,
+        request_id=first.request_id,
+        prompt_token_ids=first.prompt_token_ids,
+        outputs=[choices[i] for i in sorted(choices)],
+        finished=last.finished,
+        prompt=first.prompt,
+        prompt_logprobs=prompt_logprobs,
+        num_cached_tokens=first.num_cached_tokens,
+        metrics=first.metrics,
     )
-
-
-def accumulate_output(total: RequestOutput, delta: RequestOutput) -> None:
-    """Fold a later delta into ``total``, choice by choice (sorted by index); the delta's own
-    objects are not changed."""
-    by_index = {c.index: c for c in total.outputs}
-    for d in delta.outputs:
-        c = by_index.get(d.index)
-        if c is None:
-            c = by_index[d.index] = CompletionOutput(d.index, "", [], logprobs=None if d.logprobs is None else [])
-        c.text += d.text
-        c.token_ids.extend(d.token_ids)
-        if d.logprobs is not None:
-            c.logprobs = (c.logprobs or []) + d.logprobs
-        c.finish_reason, c.stop_reason = d.finish_reason, d.stop_reason
-    total.outputs = [by_index[i] for i in sorted(by_index)]
-    total.finished = delta.finished
-    if delta.prompt_logprobs is not None:
-        total.prompt_logprobs = delta.prompt_logprobs

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tessel.engine import LLM, SamplingParams
+from tessel.engine.kv_cache.block_tables import BlockTables
 from tessel.engine.request import Request
 from tessel.engine.runner.buffers import DoubleBuffer, input_specs
 from tessel.engine.runner.step_inputs import PLACEHOLDER, prepare_step
@@ -112,21 +113,25 @@ def test_abort_while_a_step_is_in_flight(tiny_dir: Path) -> None:
 # ---- buffers and stage 1 ------------------------------------------------------------------
 
 
-def _scheduled(prompt: list[int], outputs: list[int], start: int, n: int, blocks: list[int]) -> ScheduledRequest:
+def _scheduled(
+    prompt: list[int], outputs: list[int], start: int, n: int, blocks: list[int], tables: BlockTables
+) -> ScheduledRequest:
     from tessel.engine.sampling_params import SamplingParams as SP
 
     r = Request(f"r{len(prompt)}-{start}", list(prompt), SP(max_tokens=8), max_tokens=8)
     r.output_token_ids = list(outputs)
-    return ScheduledRequest(r, n, start, blocks)
+    tables.append(r.request_id, 0, blocks)
+    return ScheduledRequest(r, n, start, tables.row(r.request_id), len(blocks))
 
 
 def test_double_buffer_alternates_and_stage1_packs() -> None:
+    tables = BlockTables()
     db = DoubleBuffer(input_specs(max_tokens=32, max_seqs=4, max_blocks=4, plan_size=0), CPU)
     a, b, c = db.acquire(), db.acquire(), db.acquire()
     assert a is c and a is not b and (a.index, b.index) == (0, 1)
-    decode = _scheduled([1, 2, 3, 4, 5], [6, PLACEHOLDER], start=6, n=1, blocks=[3, 7])
-    prefill = _scheduled([9, 8, 7], [], start=0, n=3, blocks=[2])
-    step = prepare_step([decode, prefill], b, block_size=4, prev_rows={decode.request_id: 5})
+    decode = _scheduled([1, 2, 3, 4, 5], [6, PLACEHOLDER], start=6, n=1, blocks=[3, 7], tables=tables)
+    prefill = _scheduled([9, 8, 7], [], start=0, n=3, blocks=[2], tables=tables)
+    step = prepare_step([decode, prefill], tables.array, b, block_size=4, prev_rows={decode.request_id: 5})
     assert b.device_view("input_ids").tolist() == [PLACEHOLDER, 9, 8, 7]
     assert b.device_view("positions").tolist() == [6, 0, 1, 2]
     assert b.device_view("slot_mapping").tolist() == [7 * 4 + 2, 8, 9, 10]
@@ -138,10 +143,11 @@ def test_double_buffer_alternates_and_stage1_packs() -> None:
 
 
 def test_stage1_pads_a_decode_step_to_its_graph_size() -> None:
+    tables = BlockTables()
     db = DoubleBuffer(input_specs(max_tokens=32, max_seqs=8, max_blocks=4, plan_size=0), CPU)
     buf = db.acquire()
-    reqs = [_scheduled([1, 2, 3], [4], start=3, n=1, blocks=[1]), _scheduled([5, 6], [7, 8], start=3, n=1, blocks=[2])]
-    step = prepare_step(reqs, buf, block_size=4, prev_rows={}, graph_batch=4)
+    reqs = [_scheduled([1, 2, 3], [4], start=3, n=1, blocks=[1], tables=tables), _scheduled([5, 6], [7, 8], start=3, n=1, blocks=[2], tables=tables)]
+    step = prepare_step(reqs, tables.array, buf, block_size=4, prev_rows={}, graph_batch=4)
     assert (step.batch, step.num_real, step.num_tokens) == (4, 2, 4)
     assert buf.device_view("slot_mapping").tolist() == [4 + 3, 8 + 3, -1, -1]  # padded rows write nothing
     assert buf.device_view("seq_lens").tolist() == [4, 4, 1, 1]
@@ -150,12 +156,13 @@ def test_stage1_pads_a_decode_step_to_its_graph_size() -> None:
 
 
 def test_stage1_maps_each_placeholder_to_its_previous_row_and_skips_partial_chunks() -> None:
+    tables = BlockTables()
     db = DoubleBuffer(input_specs(max_tokens=32, max_seqs=4, max_blocks=4, plan_size=0), CPU)
     buf = db.acquire()
-    first = _scheduled([1, 2], [3, PLACEHOLDER], start=3, n=1, blocks=[4])
-    chunk = _scheduled([9, 8, 7, 6, 5, 4], [], start=0, n=4, blocks=[1, 6])  # the prompt's first 4
-    last = _scheduled([1, 2, 3], [PLACEHOLDER], start=3, n=1, blocks=[5])
-    step = prepare_step([first, chunk, last], buf, block_size=4,
+    first = _scheduled([1, 2], [3, PLACEHOLDER], start=3, n=1, blocks=[4], tables=tables)
+    chunk = _scheduled([9, 8, 7, 6, 5, 4], [], start=0, n=4, blocks=[1, 6], tables=tables)  # the prompt's first 4
+    last = _scheduled([1, 2, 3], [PLACEHOLDER], start=3, n=1, blocks=[5], tables=tables)
+    step = prepare_step([first, chunk, last], tables.array, buf, block_size=4,
                         prev_rows={first.request_id: 2, last.request_id: 0})
     assert buf.device_view("input_ids").tolist() == [PLACEHOLDER, 9, 8, 7, 6, PLACEHOLDER]
     assert (buf.device_view("prev_src").tolist(), buf.device_view("prev_dst").tolist()) == ([2, 0], [0, 5])

@@ -4,6 +4,7 @@ slot allocation, publishing newly full blocks, and freeing."""
 from __future__ import annotations
 
 from tessel.engine.kv_cache.block_pool import BlockPool
+from tessel.engine.kv_cache.block_tables import BlockTables
 from tessel.engine.kv_cache.prefix_cache import BlockHash, PrefixCacheStats, extend_block_hashes
 from tessel.engine.request import Request
 
@@ -31,6 +32,7 @@ class KVCacheManager:
         self._blocks: dict[str, list[int]] = {}
         self._hashes: dict[str, list[BlockHash]] = {}  # chained hashes of the full blocks so far
         self._num_published: dict[str, int] = {}  # leading blocks already in the pool's cache
+        self.tables = BlockTables()  # the lists above as array rows, for stage 1
 
     @property
     def num_total_blocks(self) -> int:
@@ -51,6 +53,10 @@ class KVCacheManager:
     def block_table(self, request_id: str) -> list[int]:
         """A copy of the request's block ids, in token order (empty if it holds none)."""
         return list(self._blocks.get(request_id, ()))
+
+    def table_slot(self, request_id: str) -> tuple[int, int]:
+        """The request's row in ``tables.array`` and how many of its columns are its blocks."""
+        return self.tables.row(request_id), len(self._blocks[request_id])
 
     def takes_prefix_hits(self, request: Request) -> bool:
         """Whether the request may reuse cached blocks. Not one that wants prompt
@@ -83,9 +89,14 @@ class KVCacheManager:
 
         All or nothing: False, with nothing changed, when the pool is too small.
         """
-        cached = cached_blocks or []
         rid = request.request_id
-        held = self._blocks.get(rid, [])
+        held = self._blocks.get(rid)
+        if held is not None and not cached_blocks:  # a running request: most steps need no block
+            end = request.num_computed_tokens + num_new_tokens
+            if end <= len(held) * self.block_size:
+                return True
+        held = held if held is not None else []
+        cached = cached_blocks or []
         if cached and held:
             raise ValueError(f"request {rid} already holds blocks; prefix hits are for admission")
         num_tokens = request.num_computed_tokens + len(cached) * self.block_size + num_new_tokens
@@ -101,8 +112,10 @@ class KVCacheManager:
         self.pool.touch(cached)
         # In place: rebuilding the list would cost O(blocks held) per decode step.
         blocks = self._blocks.setdefault(rid, held)
+        start = len(blocks)
         blocks += cached
         blocks += self.pool.allocate(num_needed)
+        self.tables.append(rid, start, blocks[start:])
         return True
 
     def cache_full_blocks(self, request: Request) -> None:
@@ -128,5 +141,6 @@ class KVCacheManager:
         """Release every block the request holds (idempotent; unknown ids are ignored)."""
         blocks = self._blocks.pop(request_id, [])
         self.pool.free(reversed(blocks))
+        self.tables.release(request_id, len(blocks))
         self._hashes.pop(request_id, None)
         self._num_published.pop(request_id, None)

@@ -161,7 +161,9 @@ class StepPipeline:
         decode_only = all(s.num_new_tokens == 1 for s in sched.scheduled)
         graph_batch = self.graphs.size_for(len(sched.scheduled)) if self.graphs and decode_only else None
         prev_rows = prev.rows if prev is not None else {}
-        step = prepare_step(sched.scheduled, buf, self.block_size, prev_rows, graph_batch, self.static_plan)
+        step = prepare_step(
+            sched.scheduled, sched.block_tables, buf, self.block_size, prev_rows, graph_batch, self.static_plan
+        )
         if self.channel is not None:
             self.channel.send(step)
         if step.plan is not None:

@@ -47,13 +47,15 @@ class PreparedStep:
 
 def prepare_step(
     scheduled: list[ScheduledRequest],
+    block_tables: np.ndarray,
     buf: StepBuffers,
     block_size: int,
     prev_rows: dict[str, int],
     graph_batch: int | None = None,
     static_plan: StaticDecodePlan | None = None,
 ) -> PreparedStep:
-    """Fill ``buf`` for ``scheduled``; ``prev_rows`` maps request id -> row of the previous
+    """Fill ``buf`` for ``scheduled``, whose block tables are rows of ``block_tables`` (the
+    scheduler's array); ``prev_rows`` maps request id -> row of the previous
     step's sampled ids, for requests whose last token is still a placeholder.
     ``graph_batch`` pads a decode-only step to a captured size (seq_len 1, slot -1)."""
     n_real = len(scheduled)
@@ -68,15 +70,11 @@ def prepare_step(
     positions = np.arange(total, dtype=np.int64) - np.repeat(qsl[:-1] - starts, lens)
     # One flat gather each for tokens and block ids: a per-request numpy assignment costs
     # ~1 us apiece, which at a few hundred requests is a visible share of a decode step.
-    table_lens = np.fromiter((len(s.block_table) for s in scheduled), dtype=np.int64, count=n_real)
-    width = int(table_lens.max())
+    width = max(s.num_blocks for s in scheduled)
     tables = buf.reserve("block_tables", batch * width).reshape(batch, width)
-    tables.fill(0)
-    flat_tables = np.fromiter(chain.from_iterable(s.block_table for s in scheduled), dtype=np.int32,
-                              count=int(table_lens.sum()))
-    table_rows = np.repeat(np.arange(n_real), table_lens)
-    table_cols = np.arange(flat_tables.size) - np.repeat(np.cumsum(table_lens) - table_lens, table_lens)
-    tables[table_rows, table_cols] = flat_tables
+    rows = np.fromiter((s.table_row for s in scheduled), dtype=np.int64, count=n_real)
+    np.take(block_tables[:, :width], rows, axis=0, out=tables[:n_real])
+    tables[n_real:] = 0
     real = int(qsl[n_real])
     ids = np.zeros(total, dtype=np.int64)
     ids[:real] = np.fromiter(

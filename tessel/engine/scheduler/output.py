@@ -4,25 +4,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from tessel.engine.request import Request
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledRequest:
     """One request's share of a step: compute its tokens ``[start, start + num_new_tokens)``."""
 
     request: Request
     num_new_tokens: int  # tokens to compute this step (a prompt chunk, or 1 for a decode)
     start: int  # request.num_computed_tokens at schedule time: the first position computed
-    block_table: list[int]  # the request's block ids after allocation, in token order
+    table_row: int  # the request's row in the SchedulerOutput's block_tables array
+    num_blocks: int  # its blocks after allocation: the row's first num_blocks columns
+    # Plain fields, not properties: read several times per request per step at full batch.
     num_tokens: int = field(init=False)  # request.num_tokens at schedule time
+    request_id: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.num_tokens = self.request.num_tokens
-
-    @property
-    def request_id(self) -> str:
-        return self.request.request_id
+        request = self.request
+        self.num_tokens = len(request.prompt_token_ids) + len(request.output_token_ids)
+        self.request_id = request.request_id
 
     @property
     def samples(self) -> bool:
@@ -43,6 +46,9 @@ class SchedulerOutput:
 
     scheduled: list[ScheduledRequest]  # running requests first, then newly admitted ones
     num_batched_tokens: int  # sum of num_new_tokens: at most max_num_batched_tokens
+    # [rows, cols] int32 block ids, a row per request holding blocks, 0 past its last block.
+    # Valid until the next schedule: stage 1 gathers the step's rows from it.
+    block_tables: np.ndarray
     preempted: list[str] = field(default_factory=list)  # ids whose KV was freed this step
     finished_ids: list[str] = field(default_factory=list)  # ids finished since the last step
 

@@ -122,7 +122,7 @@ class Scheduler:
         finished, self._finished_ids = self._finished_ids, []
         num_batched = self.config.max_num_batched_tokens - budget
         self._num_scheduled_tokens = num_batched
-        return SchedulerOutput(scheduled, num_batched, preempted, finished)
+        return SchedulerOutput(scheduled, num_batched, self.kv_cache.tables.array, preempted, finished)
 
     def update_from_output(self, output: SchedulerOutput, sampled: dict[str, int]) -> None:
         """Record a finished step: advance computed tokens, publish newly full blocks,
@@ -209,6 +209,4 @@ class Scheduler:
         return sibling is not None and sibling.num_computed_tokens < sibling.num_prompt_tokens
 
     def _scheduled(self, request: Request, num_new: int, start: int) -> ScheduledRequest:
-        return ScheduledRequest(
-            request, num_new, start, self.kv_cache.block_table(request.request_id)
-        )
+        return ScheduledRequest(request, num_new, start, *self.kv_cache.table_slot(request.request_id))
