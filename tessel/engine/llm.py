@@ -58,7 +58,7 @@ class LLM:
         with tqdm(total=len(ids), disable=not use_tqdm, desc="generate") as bar:
             while self.core.has_unfinished():
                 for out in self.core.step():
-                    deltas[out.request_id].append(out)
+                    deltas.setdefault(out.request_id, []).append(out)  # ids of an earlier, broken call too
                     if out.finished:
                         bar.update(1)
         return [merge_outputs(deltas[rid]) for rid in ids]
