@@ -19,7 +19,13 @@ from typing import Any
 
 from tessel.config.settings import EngineConfig
 from tessel.engine.async_engine import AsyncEngine, EngineDeadError, EngineStepError, aborted_output
-from tessel.engine.engine_process import EngineInfo, Events, run_engine_process
+from tessel.engine.engine_process import (
+    EngineInfo,
+    Events,
+    WireOutput,
+    from_wire,
+    run_engine_process,
+)
 from tessel.engine.faults import StepFaults
 from tessel.engine.stats import EngineStats
 
@@ -192,8 +198,9 @@ class ProcessAsyncEngine(AsyncEngine):
             self._stats = events.stats
         self._busy = events.busy
 
-    def _deliver(self, outputs: list[Any]) -> None:
-        for out in outputs:
+    def _deliver(self, outputs: list[WireOutput]) -> None:
+        for item in outputs:
+            out = from_wire(item)
             stream = self._streams.get(out.request_id)
             if stream is not None:
                 stream.queue.put_nowait(out)

@@ -133,3 +133,22 @@ def test_auto_keeps_the_cpu_engine_in_process(tiny_dir: Path) -> None:
     engine._executor.shutdown()
     with pytest.raises(ValueError, match="tensor_parallel_size 1"):
         open_engine(engine_config_from_kwargs(str(tiny_dir), tensor_parallel_size=2), "on")
+
+
+def test_outputs_cross_the_pipe_as_tuples_until_the_request_finishes() -> None:
+    import pickle
+
+    from tessel.engine.engine_process import from_wire, to_wire
+    from tessel.engine.request import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+
+    choices = [CompletionOutput(1, " b", [8], logprobs=[Logprob(8, -0.5, [(8, -0.5)])]), CompletionOutput(0, "a", [7])]
+    mid = RequestOutput("r", [1, 2, 3], choices, False, prompt="p", prompt_logprobs=[None],
+                        num_cached_tokens=2, metrics=RequestMetrics(1.0))
+    wire = to_wire(mid)
+    assert isinstance(wire, tuple)
+    back = from_wire(pickle.loads(pickle.dumps(wire)))
+    assert back.outputs == choices and (back.request_id, back.finished) == ("r", False)
+    assert (back.prompt_logprobs, back.num_cached_tokens) == ([None], 2)
+    assert (back.prompt_token_ids, back.prompt, back.metrics) == ([], None, None)  # read only at the end
+    done = RequestOutput("r", [1, 2, 3], choices, True, prompt="p", metrics=RequestMetrics(1.0))
+    assert to_wire(done) is done and from_wire(done) is done
