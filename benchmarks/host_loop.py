@@ -24,7 +24,6 @@ meaningful there; ``step`` is, when the model is small enough for the host to se
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import statistics
@@ -32,12 +31,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 from benchmarks.report import emit
-from benchmarks.tiny_model import write_tiny_model
 
 PARTS = ("schedule", "prepare", "update", "return", "caller", "other")
 MODEL_STAGES = ("copy", "compute", "aggregate")  # the model's work and sampling: not host loop
@@ -45,31 +41,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def child(args: argparse.Namespace) -> dict[str, float]:
-    """Host ms per step by part, median over ``--repeats`` timed generations."""
+    """Host ms per step by part, median over ``--repeats`` timed generations. Tessel comes from
+    ``--tree``; this script's helpers (``benchmarks``, already imported) from this checkout."""
+    sys.path.insert(0, args.tree)
     import torch
 
+    import tessel
+    from benchmarks.step_trace import timed_calls
     from tessel.engine import LLM, SamplingParams
-    from tessel.engine.core import EngineCore
-    from tessel.engine.scheduler.scheduler import Scheduler
 
-    seconds: defaultdict[str, float] = defaultdict(float)
+    if not Path(tessel.__file__).resolve().is_relative_to(Path(args.tree).resolve()):
+        raise RuntimeError(f"Tessel came from {tessel.__file__}, not from {args.tree}")
 
-    def timed(cls: type, name: str, part: str) -> None:
-        fn = getattr(cls, name)
-
-        @functools.wraps(fn)
-        def wrapper(*a: Any, **kw: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return fn(*a, **kw)
-            finally:
-                seconds[part] += time.perf_counter() - t
-
-        setattr(cls, name, wrapper)
-
-    timed(Scheduler, "schedule", "schedule")
-    timed(Scheduler, "update_from_output", "update")
-    timed(EngineCore, "step", "step")
     cuda = torch.cuda.is_available()
     if cuda:
         from benchmarks.decode_roofline import use_gpu_dummy_weights
@@ -82,16 +65,19 @@ def child(args: argparse.Namespace) -> dict[str, float]:
     prompts = [[3 + (i * 31 + j) % 9000 for j in range(args.prompt_len)] for i in range(args.batch)]
     params = SamplingParams(temperature=0.6, seed=0, max_tokens=args.output_len, ignore_eos=True)
     llm.generate(prompts[:8], SamplingParams(max_tokens=4))
+    core = llm.core
+    targets = {"schedule": (core.scheduler, "schedule"), "update": (core.scheduler, "update_from_output"),
+               "step": (core, "step")}
     runs: dict[str, list[float]] = {p: [] for p in (*PARTS, "host", "step")}
     for _ in range(args.repeats):
-        stats = llm.core.step_stats
+        stats = core.step_stats
         stages0, steps0 = dict(stats.stage_seconds), stats.steps
-        seconds.clear()
         sync()
-        t = time.perf_counter()
-        llm.generate(prompts, params)
-        sync()
-        wall = time.perf_counter() - t
+        with timed_calls(targets) as seconds:
+            t = time.perf_counter()
+            llm.generate(prompts, params)
+            sync()
+            wall = time.perf_counter() - t
         steps = stats.steps - steps0
         stage = {k: v - stages0.get(k, 0.0) for k, v in stats.stage_seconds.items()}
         part = {
@@ -109,12 +95,12 @@ def child(args: argparse.Namespace) -> dict[str, float]:
 
 
 def measure(tree: Path, args: argparse.Namespace) -> dict[str, float]:
-    """One child process importing Tessel (and ``benchmarks.report``) from ``tree``."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--model", args.model,
+    """One child process importing Tessel from ``tree``."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--tree", str(tree), "--model", args.model,
            "--batch", str(args.batch),
            "--prompt-len", str(args.prompt_len), "--output-len", str(args.output_len),
            "--repeats", str(args.repeats)]
-    paths = [str(tree), str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -133,12 +119,15 @@ def main() -> None:
     ap.add_argument("--baseline", default=None, help="a git ref to compare against")
     ap.add_argument("--baseline-dir", default=None, help="a tree to compare against")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--tree", default=str(ROOT), help=argparse.SUPPRESS)
     ap.add_argument("--model", default=None, help="a preset (default: a tiny random model)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(args)), flush=True)
         return
+    from benchmarks.tiny_model import write_tiny_model  # imports Tessel: not in a child
+
     args.model = args.model or str(write_tiny_model(Path(tempfile.mkdtemp(prefix="tiny-"))))
     trees = {"working tree": ROOT}
     if args.baseline_dir:

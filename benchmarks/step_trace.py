@@ -40,15 +40,9 @@ def step_records(llm: Any) -> Iterator[list[dict[str, Any]]]:
 
 
 @contextmanager
-def host_phases(llm: Any) -> Iterator[dict[str, float]]:
-    """Host seconds spent inside the engine loop's parts while inside, summed: schedule, the
-    runner's launch (stages 1-4 as the host sees them: prepare, graph replay, sampling launch),
-    its finish (the wait for a step, then reading its tokens), stage 5's processing, and the
-    scheduler's update. What the step's wall time holds beyond them is the loop itself."""
-    core = llm.core
-    targets = {"schedule": (core.scheduler, "schedule"), "launch": (core.runner, "launch"),
-               "finish": (core.runner, "finish"), "process": (core, "_process"),
-               "update": (core.scheduler, "update_from_output")}
+def timed_calls(targets: dict[str, tuple[Any, str]]) -> Iterator[dict[str, float]]:
+    """While inside, every call of ``getattr(owner, attr)`` (wrapped on the instance) adds its
+    wall seconds to ``totals[name]``; the methods are the class's own again on exit."""
     totals = dict.fromkeys(targets, 0.0)
 
     def timed(name: str, fn: Any) -> Any:
@@ -67,6 +61,19 @@ def host_phases(llm: Any) -> Iterator[dict[str, float]]:
     finally:
         for obj, attr in targets.values():
             delattr(obj, attr)  # back to the class's method
+
+
+@contextmanager
+def host_phases(llm: Any) -> Iterator[dict[str, float]]:
+    """Host seconds spent inside the engine loop's parts while inside, summed: schedule, the
+    runner's launch (stages 1-4 as the host sees them: prepare, graph replay, sampling launch),
+    its finish (the wait for a step, then reading its tokens), stage 5's processing, and the
+    scheduler's update. What the step's wall time holds beyond them is the loop itself."""
+    core = llm.core
+    with timed_calls({"schedule": (core.scheduler, "schedule"), "launch": (core.runner, "launch"),
+                      "finish": (core.runner, "finish"), "process": (core, "_process"),
+                      "update": (core.scheduler, "update_from_output")}) as totals:
+        yield totals
 
 
 def decode_breakdown(records: list[dict[str, Any]], batch: int) -> dict[str, float]:
