@@ -174,8 +174,9 @@ def launch_switches(extras: list[str]) -> Iterator[None]:
 
 def engine_case(variant: str) -> dict[str, Any]:
     """``variant``: bf16, int8 or fp8, with "+rotation" (quant_rotation=residual_and_down) and/or
-    "+head" (quantize_lm_head) appended to a quantized one, e.g. int8+head; "+nopdl" and
-    "+noprefetch" for the launch A/B (launch_switches)."""
+    "+head" (quantize_lm_head) appended to a quantized one, e.g. int8+head; "+fp8kv" for an E4M3
+    KV cache (kv_cache_dtype=fp8, any variant); "+nopdl" and "+noprefetch" for the launch A/B
+    (launch_switches)."""
     quantization, *extras = variant.split("+")
     with launch_switches(extras):
         return _engine_case(variant, quantization, extras)
@@ -187,7 +188,8 @@ def _engine_case(variant: str, quantization: str, extras: list[str]) -> dict[str
     start = time.perf_counter()
     llm = LLM(MODEL, load_format="dummy", quantization=None if quantization == "bf16" else quantization,
               quant_rotation="residual_and_down" if "rotation" in extras else None,
-              quantize_lm_head="head" in extras, max_model_len=1024, max_num_seqs=256,
+              quantize_lm_head="head" in extras, kv_cache_dtype="fp8" if "fp8kv" in extras else "auto",
+              max_model_len=max(1024, PROMPT_LEN + NEW_TOKENS), max_num_seqs=256,
               max_num_batched_tokens=8192, cuda_graph_batch_sizes=GRAPHS, **ENGINE_OVERRIDES)
     model = llm.core.runner.model
     row: dict[str, Any] = {
@@ -219,7 +221,7 @@ def _engine_case(variant: str, quantization: str, extras: list[str]) -> dict[str
 
 
 def main() -> None:
-    global PROFILE_BATCH
+    global PROFILE_BATCH, PROMPT_LEN
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--json", default=None)
@@ -228,8 +230,9 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=["bf16", "int8", "fp8"],
                     help="engine variants: bf16, int8, fp8, int8+rotation, int8+head, ...")
     ap.add_argument("--profile-batch", type=int, default=256, help="profile a decode step at this batch; 0: none")
+    ap.add_argument("--prompt-len", type=int, default=PROMPT_LEN, help="decode cases' prompt tokens")
     args = ap.parse_args()
-    PROFILE_BATCH = args.profile_batch
+    PROFILE_BATCH, PROMPT_LEN = args.profile_batch, args.prompt_len
     start = time.perf_counter()
     props = torch.cuda.get_device_properties(0)
     head = [f"device: {props.name}, {props.multi_processor_count} SMs, capability {props.major}.{props.minor}; "

@@ -53,6 +53,7 @@ class Shard:
     device: torch.device
     dtype: torch.dtype
     quant: QuantConfig | None  # the W8A8 plan; None: unquantized
+    kv_dtype: torch.dtype  # the KV cache's: ``dtype``, or E4M3 (kv_cache_dtype=fp8)
 
 
 def resolve_device(config: EngineConfig) -> torch.device:
@@ -65,6 +66,18 @@ def resolve_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
     if config.model.dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return _DTYPES[config.model.dtype]
+
+
+def resolve_kv_cache_dtype(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    if config.cache.kv_cache_dtype == "auto":
+        return dtype
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        major, minor = torch.cuda.get_device_capability(device)
+        raise ValueError(
+            f"kv_cache_dtype={config.cache.kv_cache_dtype} needs a GPU with fp8 conversions (compute "
+            f"capability 8.9+: Ada, Hopper); this one is {major}.{minor}: use kv_cache_dtype=auto"
+        )
+    return torch.float8_e4m3fn
 
 
 def resolve_max_model_len(config: EngineConfig, arch: ModelArch) -> int:
@@ -86,6 +99,7 @@ def build_shard(
     device = group.device if group is not None else resolve_device(config)
     in_use_at_start = device_bytes_in_use(device) if device.type == "cuda" else 0
     dtype = resolve_dtype(config, device)
+    kv_dtype = resolve_kv_cache_dtype(config, device, dtype)
     tp = group.tp if group is not None else SINGLE
     max_model_len = resolve_max_model_len(config, arch)
     quant = resolve_quant_config(config.model, checkpoint.hf_config, device)
@@ -108,9 +122,10 @@ def build_shard(
         model.pack_cpu_weights()  # type: ignore[operator]
     if group is not None:
         group.barrier()  # loading takes as long as it takes; the data group's timeout starts now
-    per_block = kv_bytes_per_block(arch, config.cache.block_size, dtype, tp)
+    per_block = kv_bytes_per_block(arch, config.cache.block_size, kv_dtype, tp)
     num_kv_heads = tp.kv_heads(arch.num_key_value_heads)[0]
-    num_blocks = _num_blocks(config, arch, dtype, device, model, max_model_len, per_block, num_kv_heads, in_use_at_start)
+    num_blocks = _num_blocks(config, arch, kv_dtype, device, model, max_model_len, per_block, num_kv_heads,
+                             in_use_at_start)
     if group is not None:
         num_blocks = group.agree_min(num_blocks)
     channel = None
@@ -120,11 +135,11 @@ def build_shard(
         channel = StepChannel(group)
     runner = ModelRunner(
         model, arch, num_blocks, config.cache.block_size, device, dtype, config.model.seed,
-        _runner_limits(config, max_model_len, device), tp=tp, channel=channel,
+        _runner_limits(config, max_model_len, device), tp=tp, channel=channel, kv_dtype=kv_dtype,
     )
     runner.pipeline.capture_graphs()
     runner.pipeline.warm_up_sampling(dtype)
-    return Shard(model, runner, num_blocks, per_block, max_model_len, device, dtype, quant)
+    return Shard(model, runner, num_blocks, per_block, max_model_len, device, dtype, quant, kv_dtype)
 
 
 def _runner_limits(config: EngineConfig, max_model_len: int, device: torch.device) -> RunnerLimits:
@@ -142,7 +157,7 @@ def _runner_limits(config: EngineConfig, max_model_len: int, device: torch.devic
 
 
 def _num_blocks(
-    config: EngineConfig, arch: ModelArch, dtype: torch.dtype, device: torch.device,
+    config: EngineConfig, arch: ModelArch, kv_dtype: torch.dtype, device: torch.device,
     model: nn.Module, max_model_len: int, per_block: int, num_kv_heads: int, in_use_at_start: int,
 ) -> int:
     """On CUDA: what fits after weights and profiled activations; on the CPU:
@@ -153,7 +168,7 @@ def _num_blocks(
         sched = config.scheduler
         activations = peak_activation_bytes(
             model, arch, min(sched.max_num_batched_tokens, max_model_len), sched.max_num_seqs,
-            config.cache.block_size, dtype, device, num_kv_heads=num_kv_heads,
+            config.cache.block_size, kv_dtype, device, num_kv_heads=num_kv_heads,
         )
         budget = kv_budget_bytes(config.cache.gpu_memory_utilization, in_use_at_start, activations, device)
         log.info("profiled activations %.2f GiB; KV budget %.2f GiB", activations / 2**30, budget / 2**30)

@@ -8,6 +8,9 @@ import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
+# A paged KV cache holds the model dtype, or E4M3 (CacheConfig.kv_cache_dtype), read back into
+# the query's dtype by the attention kernels
+KV_CACHE_DTYPES = (*FLOAT_DTYPES, torch.float8_e4m3fn)
 
 
 def check_tensor(

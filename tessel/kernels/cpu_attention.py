@@ -42,8 +42,10 @@ def paged_attention(
         for group in plan.decode:
             out[group.rows] = _decode(q[group.rows], k_cache, v_cache, group, scale)
     gqa = num_heads != num_kv_heads
+    # an E4M3 cache is read even for a whole prompt, so that its tokens see what decode will see
+    exact_cache = k_cache.dtype == q.dtype
     for chunk in plan.prefill:
-        if chunk.mask is None and k_new is not None and v_new is not None:
+        if chunk.mask is None and k_new is not None and v_new is not None and exact_cache:
             k, v = k_new[chunk.rows], v_new[chunk.rows]
         else:
             k = _gather_context(k_cache, chunk.blocks, chunk.seq_len)
@@ -80,14 +82,15 @@ def _decode(
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     width = d.mask.shape[-1]
-    k = k_cache.index_select(0, d.blocks).view(batch * width, num_kv_heads, head_dim)
-    v = v_cache.index_select(0, d.blocks).view(batch * width, num_kv_heads, head_dim)
+    # .to: an E4M3 cache is read back in q's dtype (a no-op for a cache in q's dtype)
+    k = k_cache.index_select(0, d.blocks).view(batch * width, num_kv_heads, head_dim).to(q.dtype)
+    v = v_cache.index_select(0, d.blocks).view(batch * width, num_kv_heads, head_dim).to(q.dtype)
     # Past a request's length the gathered rows hold whatever the cache held (stale tokens, or
     # NaN in the tests). The mask gives them weight 0, but 0 * NaN is NaN: zero them first.
     k.index_fill_(0, d.padding, 0.0)
     v.index_fill_(0, d.padding, 0.0)
-    k = k.view(batch, width, num_kv_heads, head_dim).transpose(1, 2).to(q.dtype)
-    v = v.view(batch, width, num_kv_heads, head_dim).transpose(1, 2).to(q.dtype)
+    k = k.view(batch, width, num_kv_heads, head_dim).transpose(1, 2)
+    v = v.view(batch, width, num_kv_heads, head_dim).transpose(1, 2)
     grouped = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     o = F.scaled_dot_product_attention(grouped, k, v, attn_mask=d.mask, scale=scale)
     return o.reshape(batch, num_heads, head_dim)

@@ -1,4 +1,6 @@
-"""Write each new token's K and V into its paged-cache slot (slot -1 = padding, skipped)."""
+"""Write each new token's K and V into its paged-cache slot (slot -1 = padding, skipped).
+
+An E4M3 cache takes the values as they are (scale 1.0), saturated at +-448 by the conversion."""
 
 from __future__ import annotations
 
@@ -6,7 +8,13 @@ import torch
 import triton
 import triton.language as tl
 
-from tessel.kernels.checks import FLOAT_DTYPES, INDEX_DTYPES, check_shape, check_tensor
+from tessel.kernels.checks import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    KV_CACHE_DTYPES,
+    check_shape,
+    check_tensor,
+)
 
 
 @triton.jit
@@ -43,7 +51,7 @@ def store_kv(
     """k, v: [T, Hkv, D] into caches [num_blocks, block_size, Hkv, D] at ``slot_mapping`` [T]."""
     check_tensor("k", k, ndim=3, dtypes=FLOAT_DTYPES)
     check_tensor("v", v, ndim=3, dtypes=FLOAT_DTYPES, device=k.device)
-    check_tensor("k_cache", k_cache, ndim=4, dtypes=FLOAT_DTYPES, device=k.device)
+    check_tensor("k_cache", k_cache, ndim=4, dtypes=KV_CACHE_DTYPES, device=k.device)
     check_tensor("v_cache", v_cache, ndim=4, dtypes=(k_cache.dtype,), device=k.device)
     check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=INDEX_DTYPES, device=k.device)
     tokens, heads, head_dim = k.shape

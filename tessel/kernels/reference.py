@@ -2,7 +2,8 @@
 
 KV cache layout (shared with the Triton kernels): one tensor per layer for K and one for V,
 each ``[num_blocks, block_size, num_kv_heads, head_dim]``; token ``t`` of a request lives at
-slot ``block_tables[b, t // block_size] * block_size + t % block_size``.
+slot ``block_tables[b, t // block_size] * block_size + t % block_size``. The cache holds the
+model dtype or E4M3 (scale 1.0); attention reads it back in the query's dtype.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import torch.nn.functional as F
 
 from tessel.kernels.attention.metadata import AttentionMetadata
 from tessel.kernels.sampling_types import TemperatureDraws
+
+FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -81,8 +84,15 @@ def store_kv(
     num_kv_heads, head_dim = k_cache.shape[-2:]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k[keep].to(k_cache.dtype))
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v[keep].to(v_cache.dtype))
+    for new, cache in ((k[keep], k_cache), (v[keep], v_cache)):
+        rows = cache.view(-1, num_kv_heads, head_dim)
+        if cache.dtype == torch.float8_e4m3fn:
+            # saturated like the kernels' conversion (torch's gives NaN past 448); the CPU has
+            # no fp8 index_copy_, so the bytes are copied
+            fp8 = new.float().clamp(-FP8_MAX, FP8_MAX).to(cache.dtype)
+            rows.view(torch.uint8).index_copy_(0, slots, fp8.view(torch.uint8))
+        else:
+            rows.index_copy_(0, slots, new.to(cache.dtype))
 
 
 def paged_attention(

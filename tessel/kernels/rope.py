@@ -14,7 +14,13 @@ import triton
 import triton.language as tl
 
 from tessel.kernels import pdl
-from tessel.kernels.checks import FLOAT_DTYPES, INDEX_DTYPES, check_shape, check_tensor
+from tessel.kernels.checks import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    KV_CACHE_DTYPES,
+    check_shape,
+    check_tensor,
+)
 
 
 @triton.jit
@@ -133,7 +139,7 @@ def apply_rope_and_store_kv(
     k_cache, v_cache = kv_cache
     check_tensor("v", v, ndim=3, dtypes=FLOAT_DTYPES, device=q.device)
     check_shape("v", v, k.shape)
-    check_tensor("k_cache", k_cache, ndim=4, dtypes=FLOAT_DTYPES, device=q.device)
+    check_tensor("k_cache", k_cache, ndim=4, dtypes=KV_CACHE_DTYPES, device=q.device)
     check_tensor("v_cache", v_cache, ndim=4, dtypes=(k_cache.dtype,), device=q.device)
     check_shape("k_cache", k_cache, (None, None, k.shape[1], k.shape[2]))
     check_shape("v_cache", v_cache, k_cache.shape)

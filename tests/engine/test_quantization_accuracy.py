@@ -52,6 +52,10 @@ VARIANTS = {
     "int8-rotation-residual": ({"quantization": "int8", "quant_rotation": "residual"}, 1.04, 0.90),  # - / 1.0230, 0.9283
     "int8-rotation-lm_head": (  # the LM head W8A8 too: - / 1.0015, 0.9473
         {"quantization": "int8", "quant_rotation": "residual_and_down", "quantize_lm_head": True}, 1.02, 0.92),
+    # An E4M3 KV cache (kv_cache_dtype=fp8, scale 1.0) on the float32 model, then under int8
+    "fp8-kv-cache": ({"kv_cache_dtype": "fp8"}, 1.03, 0.91),  # 1.0123, 0.9346 / -
+    "int8-smoothquant0.5-fp8-kv-cache": (  # 1.0054, 0.9093 / -
+        {"quantization": "int8", "smoothquant_alpha": 0.5, "kv_cache_dtype": "fp8"}, 1.03, 0.88),
     "fp8-numerics-on-cpu": ({"quantization": "fp8"}, 1.05, 0.90),  # 1.0353, 0.9241 / 1.0231, 0.9241
     # Rotation hurts E4M3, whose error is relative: it spreads the error of the few huge channels
     # over all of them. Kept as a measured regression bound, not a recommendation.

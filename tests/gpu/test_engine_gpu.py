@@ -70,6 +70,19 @@ def test_cuda_fp32_equals_cpu(model: str, tiny_dir: Path, tiny_moe_dirs: dict[st
     assert gpu == cpu
 
 
+@pytest.mark.parametrize("model", ["tiny", "SmolLM2-135M"])
+def test_fp8_kv_cache_cuda_fp32_equals_cpu(model: str, tiny_dir: Path) -> None:
+    """kv_cache_dtype=fp8: the Triton KV write rounds to E4M3 as torch does on the CPU, and the
+    attention kernels widen it back exactly, so in fp32 the CUDA engine (graphs, overlap) decodes
+    the CPU engine's tokens; the bf16 engine with the fp8 cache runs too (its tokens vary)."""
+    name, kw = (str(tiny_dir), {}) if model == "tiny" else (model, {"load_format": "dummy"})
+    cpu = generate(name, PROMPTS, device="cpu", dtype="float32", kv_cache_dtype="fp8", **kw)
+    gpu = generate(name, PROMPTS, device="cuda", dtype="float32", kv_cache_dtype="fp8", **kw)
+    assert gpu == cpu
+    bf16 = generate(name, PROMPTS, device="cuda", dtype="bfloat16", kv_cache_dtype="fp8", **kw)
+    assert [len(t) for t in bf16] == [MAX_TOKENS] * len(PROMPTS)
+
+
 def test_default_model_cuda_fp32_equals_cpu() -> None:
     """The real default model's weights (its GGUF, when installed; ``benchmarks/carry_default_model.sh``
     brings it to a GPU machine): the CUDA engine in fp32 greedy-decodes what the CPU engine does."""

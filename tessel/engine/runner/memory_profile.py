@@ -15,7 +15,8 @@ def peak_activation_bytes(
     dtype: torch.dtype, device: torch.device, num_kv_heads: int | None = None,
 ) -> int:
     """Device memory the largest step needs beyond weights and KV: one prefill of ``max_tokens``
-    tokens through a scratch cache, plus float32 logits for ``max_seqs`` rows."""
+    tokens through a scratch cache (of ``dtype``: the KV cache's), plus float32 logits for
+    ``max_seqs`` rows."""
     blocks = -(-max_tokens // block_size)
     shape = (blocks, block_size, num_kv_heads or arch.num_key_value_heads, arch.head_dim)
     caches = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))

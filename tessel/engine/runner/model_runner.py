@@ -55,14 +55,17 @@ class ModelRunner:
         limits: RunnerLimits = RunnerLimits(),
         tp: ParallelRank = SINGLE,
         channel: StepChannel | None = None,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
+        """``kv_dtype``: the cache's (None: ``dtype``; E4M3 with ``kv_cache_dtype=fp8``)."""
         self.model = model
         self.arch = arch
         self.block_size = block_size
         self.device = device
         shape = (num_blocks, block_size, tp.kv_heads(arch.num_key_value_heads)[0], arch.head_dim)
+        kv_dtype = kv_dtype or dtype
         self.kv_caches = [
-            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            (torch.zeros(shape, dtype=kv_dtype, device=device), torch.zeros(shape, dtype=kv_dtype, device=device))
             for _ in range(arch.num_hidden_layers)
         ]
         self.sampler = Sampler(seed)

@@ -4,7 +4,8 @@ One program per (bucket, KV head) walks its bucket's tiles (``plan.py``). Each t
 whole GQA group of query heads once ([G, D] in shared memory), streams its K/V blocks through
 the block table with software pipelining, keeps scores in registers and an online softmax,
 then either writes the output (the request's only tile) or a partial output and its
-log-sum-exp for ``merge.py``.
+log-sum-exp for ``merge.py``. An E4M3 cache (``KV_FP8``) is widened to the query's dtype as it
+is loaded: decode is bound by reading the cache, which is then half the bytes of bf16.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from tessel.kernels.attention.decode_plan import (  # re-exported: the plan's pu
     decode_plan_key,
 )
 from tessel.kernels.attention.merge import merge_partials
-from tessel.kernels.checks import FLOAT_DTYPES, check_shape, check_tensor
+from tessel.kernels.checks import FLOAT_DTYPES, KV_CACHE_DTYPES, check_shape, check_tensor
 from tessel.kernels.specialization import step_varying
 
 __all__ = [
@@ -64,7 +65,8 @@ def _decode_kernel(
     stride_bt,
     num_tiles, bucket_off, first_off, count_off, num_q_heads,
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, PAGE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False,
+    DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, KV_FP8: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     if PDL:  # see kernels/pdl.py
         tl.extra.cuda.gdc_wait()
@@ -87,7 +89,9 @@ def _decode_kernel(
         q = tl.load(
             q_ptr + req * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
             mask=g_mask[:, None], other=0.0,
-        ).to(k_ptr.dtype.element_ty)
+        )
+        if not KV_FP8:
+            q = q.to(k_ptr.dtype.element_ty)
         m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
         l_i = tl.zeros([GROUP_PAD], tl.float32)
         acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
@@ -99,6 +103,9 @@ def _decode_kernel(
             off = pos % PAGE
             k = tl.load(k_base + (blk * stride_kb + off * stride_ks)[:, None], mask=valid[:, None], other=0.0)
             v = tl.load(v_base + (blk * stride_vb + off * stride_vs)[:, None], mask=valid[:, None], other=0.0)
+            if KV_FP8:
+                k = k.to(q.dtype)
+                v = v.to(q.dtype)
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
             s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -143,7 +150,8 @@ def paged_decode(
         block_tables.stride(0),
         c, bucket_off, first_off, count_off, num_q_heads,
         HEAD_DIM=head_dim, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
-        PAGE=page, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **pdl.launch_options(q),
+        PAGE=page, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        KV_FP8=k_cache.dtype == torch.float8_e4m3fn, **pdl.launch_options(q),
     )
     if plan.needs_merge:
         merge_partials(out, plan.part_out, plan.part_lse, plan.sched, first_off=first_off, batch=batch)
@@ -152,7 +160,7 @@ def paged_decode(
 
 def _check_decode_args(q, k_cache, v_cache, block_tables, plan) -> None:  # type: ignore[no-untyped-def]
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
-    check_tensor("k_cache", k_cache, ndim=4, dtypes=FLOAT_DTYPES, device=q.device)
+    check_tensor("k_cache", k_cache, ndim=4, dtypes=KV_CACHE_DTYPES, device=q.device)
     check_tensor("v_cache", v_cache, ndim=4, dtypes=(k_cache.dtype,), device=q.device)
     check_shape("v_cache", v_cache, k_cache.shape)
     check_tensor("block_tables", block_tables, ndim=2, dtypes=(torch.int32,), device=q.device)

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from tessel.kernels.attention.decode import autotune_enabled
 from tessel.kernels.attention.metadata import AttentionMetadata
-from tessel.kernels.checks import FLOAT_DTYPES, check_shape, check_tensor
+from tessel.kernels.checks import FLOAT_DTYPES, KV_CACHE_DTYPES, check_shape, check_tensor
 from tessel.kernels.specialization import step_varying
 
 LOG2E = 1.4426950408889634
@@ -40,7 +40,7 @@ def _prefill_configs() -> list[triton.Config]:
 def _attend_block(
     acc, l_i, m_i, q, q_pos, n0, kv_end, table, k_base, v_base,
     stride_kb, stride_ks, stride_vb, stride_vs, qk_scale, offs_n,
-    PAGE: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PAGE: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     pos = n0 + offs_n
     off = pos % PAGE
@@ -53,6 +53,9 @@ def _attend_block(
         blk = tl.load(table + pos // PAGE).to(tl.int64)
         k = tl.load(k_base + (blk * stride_kb + off * stride_ks)[:, None])
         v = tl.load(v_base + (blk * stride_vb + off * stride_vs)[:, None])
+    if KV_FP8:  # an E4M3 cache, widened to the query's dtype
+        k = k.to(q.dtype)
+        v = v.to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     if CAUSAL:
         s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
@@ -79,7 +82,7 @@ def _prefill_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, PAGE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KV_FP8: tl.constexpr = False,
 ):
     # ROWS rows per token: 1 (program pid_h is a query head) or GROUP (pid_h is a KV head and
     # the rows are its query heads' (token, head) pairs). Heads vary fastest and row blocks run
@@ -103,7 +106,9 @@ def _prefill_kernel(
         rows = (q_start + tok).to(tl.int64)
         heads = first_head + offs_m % ROWS
         q = tl.load(q_ptr + rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                    mask=m_valid[:, None], other=0.0).to(k_ptr.dtype.element_ty)
+                    mask=m_valid[:, None], other=0.0)
+        if not KV_FP8:
+            q = q.to(k_ptr.dtype.element_ty)
         q_pos = ctx + tok
         table = block_tables_ptr + req.to(tl.int64) * stride_bt
         k_base = k_ptr + kvh * stride_kh + offs_d[None, :]
@@ -117,14 +122,14 @@ def _prefill_kernel(
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, q_pos, n0, full_end, table, k_base, v_base,
                 stride_kb, stride_ks, stride_vb, stride_vs, qk_scale, offs_n,
-                PAGE=PAGE, CAUSAL=False, DOT_PRECISION=DOT_PRECISION)
+                PAGE=PAGE, CAUSAL=False, DOT_PRECISION=DOT_PRECISION, KV_FP8=KV_FP8)
         # The diagonal: keys up to the block's last query position.
         kv_end = tl.minimum(seq_len, ctx + ((pid_m + 1) * BLOCK_M - 1) // ROWS + 1)
         for n0 in range(full_end, kv_end, BLOCK_N):
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, q_pos, n0, kv_end, table, k_base, v_base,
                 stride_kb, stride_ks, stride_vb, stride_vs, qk_scale, offs_n,
-                PAGE=PAGE, CAUSAL=True, DOT_PRECISION=DOT_PRECISION)
+                PAGE=PAGE, CAUSAL=True, DOT_PRECISION=DOT_PRECISION, KV_FP8=KV_FP8)
         acc = acc / l_i[:, None]
         o_ptr = out_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptr, acc.to(out_ptr.dtype.element_ty), mask=m_valid[:, None])
@@ -142,7 +147,7 @@ def paged_prefill(
     """Causal attention of every new token over its request's paged context: [T, Hq, D].
     ``pack_gqa``: the row layout (see the module's docstring); None takes the default."""
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
-    check_tensor("k_cache", k_cache, ndim=4, dtypes=FLOAT_DTYPES, device=q.device)
+    check_tensor("k_cache", k_cache, ndim=4, dtypes=KV_CACHE_DTYPES, device=q.device)
     check_tensor("v_cache", v_cache, ndim=4, dtypes=(k_cache.dtype,), device=q.device)
     check_shape("v_cache", v_cache, k_cache.shape)
     num_q_heads, head_dim = q.shape[1:]
@@ -166,7 +171,7 @@ def paged_prefill(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), tables.stride(0),
         HEAD_DIM=head_dim, GROUP=group, PAGE=page, ROWS=rows,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=k_cache.dtype == torch.float8_e4m3fn,
     )
     return out
 
