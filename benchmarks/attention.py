@@ -17,6 +17,7 @@ import json
 import time
 import traceback
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -86,7 +87,7 @@ def make_decode_batch(lens: np.ndarray, seed: int = 0) -> Batch:
     return Batch(lens, q, k_cache, v_cache, tables)
 
 
-def padded_sdpa_ms(batch: Batch, backend: SDPBackend) -> tuple[float, str]:
+def padded_sdpa_ms(batch: Batch, backend: SDPBackend) -> tuple[tuple[float, float], str]:
     """SDPA over K/V gathered into [B, H, max_len, D], chunked by batch; returns (ms, how).
 
     Tries GQA-native with the padding masked, then unmasked (flash takes no mask: same work,
@@ -124,9 +125,9 @@ def _padded_sdpa_ms(batch: Batch, backend: SDPBackend, expand: bool, masked: boo
     return total, eager
 
 
-def decode_rows(name: str, lens: np.ndarray, copy_bw: float, sms: int) -> list[dict]:
+def decode_rows(name: str, lens: np.ndarray, copy_bw: float, sms: int) -> list[dict[str, Any]]:
     batch = make_decode_batch(lens)
-    rows = []
+    rows: list[dict[str, Any]] = []
     scale = D**-0.5
     for label, cfg in [
         ("balanced", DecodeConfig()),
@@ -169,7 +170,7 @@ def check_decode(lens: np.ndarray) -> float:
     return err
 
 
-def prefill_rows(seq: int) -> list[dict]:
+def prefill_rows(seq: int) -> list[dict[str, Any]]:
     g = torch.Generator(device="cuda").manual_seed(0)
     blocks = -(-seq // PAGE)
     k_cache = torch.randn(blocks, PAGE, HKV, D, device="cuda", dtype=DTYPE, generator=g)
@@ -190,7 +191,7 @@ def prefill_rows(seq: int) -> list[dict]:
     kc = k_cache.view(-1, HKV, D)[slots].transpose(0, 1)[None].contiguous()
     vc = v_cache.view(-1, HKV, D)[slots].transpose(0, 1)[None].contiguous()
     qc = q.transpose(0, 1)[None]
-    rows = [dict(case=f"prefill {seq // 1024}K", variant="triton paged", ms=ms_ours)]
+    rows: list[dict[str, Any]] = [dict(case=f"prefill {seq // 1024}K", variant="triton paged", ms=ms_ours)]
     for label, backend in [("sdpa flash", SDPBackend.FLASH_ATTENTION), ("sdpa cudnn", SDPBackend.CUDNN_ATTENTION)]:
         try:
             with sdpa_kernel(backend):

@@ -67,6 +67,18 @@ def test_tp2_equals_tp1(tmp_path: Path, kv_heads: int) -> None:
     assert stats.kv_cache_bytes == 128 * (2 * 2 * 4 * heads_per_rank * 16 * 4) * 2
 
 
+def test_tp2_equals_tp1_with_an_fp8_kv_cache(tmp_path: Path) -> None:
+    """kv_cache_dtype=fp8 reaches the workers: each rank's cache slice is E4M3 (a quarter of the
+    fp32 bytes) and the tokens are one rank's with the same cache."""
+    directory = str(write_tiny_checkpoint(tmp_path, "llama"))
+    engine = {**ENGINE, "kv_cache_dtype": "fp8"}
+    expected = run(LLM(directory, **engine), PROMPTS)
+    with LLM(directory, tensor_parallel_size=2, **engine) as llm:
+        assert run(llm, PROMPTS) == expected
+        stats = llm.core.stats()
+    assert stats.kv_cache_bytes == 128 * (2 * 2 * 4 * 1 * 16 * 1) * 2  # one KV head a rank, 1 byte
+
+
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
 def test_moe_tp2_equals_tp1(tmp_path: Path, arch: str) -> None:
     """Each rank holds half of every expert's width: without the all-reduce after the experts
