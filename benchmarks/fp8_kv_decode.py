@@ -5,7 +5,12 @@ decode), each case's bf16 and fp8 runs side by side; bandwidth is each cache's b
 time against a device-to-device copy of the same run. The error column is the fp8 output's
 largest difference from the bf16 one (random K/V of unit variance).
 
-    PYTHONPATH=. python3 benchmarks/fp8_kv_decode.py [--out fp8_kv_decode.md]
+The kernel autotunes once per dtype and process, on its first call, and its key holds no batch
+or length: every case runs the tile picked on the first one. ``--tune-context N`` makes that
+first call 256 requests of N tokens, as the engine's start-up tuning does (N = 992 under
+max_model_len 1024); the picks are printed last.
+
+    PYTHONPATH=. python3 benchmarks/fp8_kv_decode.py [--tune-context 992] [--out fp8_kv_decode.md]
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import torch
 
 from benchmarks.attention import HKV, HQ, D, bench_graph, copy_bandwidth, make_decode_batch
 from benchmarks.report import emit
+from tessel.kernels.attention import decode as decode_mod
 from tessel.kernels.attention.decode import DecodeConfig, build_decode_plan, paged_decode
 
 CASES = {
@@ -32,8 +38,11 @@ CASES = {
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
+    ap.add_argument("--tune-context", type=int, default=0, help="tune on 256 requests of this many tokens first")
     args = ap.parse_args()
     copy_bw = copy_bandwidth()
+    if args.tune_context:
+        tune_first(np.full(256, args.tune_context))
     lines = [f"device: {torch.cuda.get_device_name()}; copy bandwidth {copy_bw / 1e12:.2f} TB/s (read + write)", "",
              "| case | KV MB bf16 | bf16 ms | fp8 ms | bf16 / fp8 | bf16 % copy bw | fp8 % copy bw | max abs err |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -57,7 +66,19 @@ def main() -> None:
         print(lines[-1], flush=True)
         del batch, caches, outs
         torch.cuda.empty_cache()
+    lines += ["", f"tuned first on: {'256 x ' + str(args.tune_context) if args.tune_context else 'the first case'}"]
+    lines += [f"- {key}: {cfg}" for key, cfg in decode_mod._decode_kernel.cache.items()]  # type: ignore[attr-defined]
     emit(lines, args.out)
+
+
+def tune_first(lens: np.ndarray) -> None:
+    """One call per cache dtype on ``lens``: the autotuner's pick for the whole run."""
+    batch = make_decode_batch(lens)
+    plan = build_decode_plan(lens, HQ, HKV, D, torch.device("cuda"), DecodeConfig())
+    for k, v in ((batch.k_cache, batch.v_cache),
+                 (batch.k_cache.to(torch.float8_e4m3fn), batch.v_cache.to(torch.float8_e4m3fn))):
+        paged_decode(batch.q, k, v, batch.tables, plan, D**-0.5)
+    torch.cuda.synchronize()
 
 
 if __name__ == "__main__":
