@@ -83,7 +83,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         "loaded %s (%s, %s%s on %s%s) in %.1f s; %d KV blocks of %d tokens%s",
         checkpoint.served_name, arch.architecture, str(shard.dtype).removeprefix("torch."), _quant_note(shard.quant),
         shard.device, f", tensor parallel x{size}" if size > 1 else "", time.perf_counter() - start, num_blocks,
-        config.cache.block_size, " in fp8 (E4M3)" if shard.kv_dtype == torch.float8_e4m3fn else "",
+        config.cache.block_size, " in fp8 (E4M3)" if shard.runner.kv_caches[0][0].dtype == torch.float8_e4m3fn else "",
     )
     return EngineParts(
         arch=arch,

@@ -53,7 +53,6 @@ class Shard:
     device: torch.device
     dtype: torch.dtype
     quant: QuantConfig | None  # the W8A8 plan; None: unquantized
-    kv_dtype: torch.dtype  # the KV cache's: ``dtype``, or E4M3 (kv_cache_dtype=fp8)
 
 
 def resolve_device(config: EngineConfig) -> torch.device:
@@ -139,7 +138,7 @@ def build_shard(
     )
     runner.pipeline.capture_graphs()
     runner.pipeline.warm_up_sampling(dtype)
-    return Shard(model, runner, num_blocks, per_block, max_model_len, device, dtype, quant, kv_dtype)
+    return Shard(model, runner, num_blocks, per_block, max_model_len, device, dtype, quant)
 
 
 def _runner_limits(config: EngineConfig, max_model_len: int, device: torch.device) -> RunnerLimits:

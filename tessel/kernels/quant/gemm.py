@@ -41,9 +41,10 @@ FP8_PROMOTE_K: int | None = 128  # None: the backend's default (no promotion on 
 # Per weight row, with PDL (a power of two; 0: none): 8 lines = 1 KiB, the first 4-8 of the
 # pipeline's K steps. TESSEL_PREFETCH_LINES overrides it, read at each launch (benchmarks' A/B).
 PREFETCH_LINES = 8
-# PDL only up to this M. A larger M is several waves of tiles: its early launch of the next
-# kernel parks that kernel's programs on SMs the later waves need (engine at batch 256 on an
-# H100: 3.6-4.4% more tok/s with PDL off, 4.5-5% fewer at batch 64). TESSEL_GEMM_PDL_MAX_M overrides.
+# PDL only up to this M, as measured on the engine (H100: at batch 256, +3.8% tok/s with the gate;
+# at batch 64, PDL is worth 4.5-5%). A larger M runs several waves of tiles, and the next kernel,
+# launched early, most likely parks its waiting programs on SMs those waves need.
+# TESSEL_GEMM_PDL_MAX_M overrides.
 PDL_MAX_M = 64
 
 
