@@ -5,7 +5,9 @@ whole GQA group of query heads once ([G, D] in shared memory), streams its K/V b
 the block table with software pipelining, keeps scores in registers and an online softmax,
 then either writes the output (the request's only tile) or a partial output and its
 log-sum-exp for ``merge.py``. An E4M3 cache (``KV_FP8``) is widened to the query's dtype as it
-is loaded: decode is bound by reading the cache, which is then half the bytes of bf16.
+is loaded: decode is bound by reading the cache, which is then half the bytes of bf16. Two opt-in
+alternatives for it, unmeasured so far: the dots in fp16 (``TESSEL_FP8_F16=1``, one conversion
+per two values where bf16 takes three) and ``decode_fma.py`` on the CUDA cores.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import triton
 import triton.language as tl
 
 from tessel.kernels import pdl
+from tessel.kernels.attention import decode_fma
 from tessel.kernels.attention.decode_plan import (  # re-exported: the plan's public names
     DEFAULT_DECODE,
     DecodeConfig,
@@ -26,7 +29,8 @@ from tessel.kernels.attention.decode_plan import (  # re-exported: the plan's pu
     decode_plan_for,
     decode_plan_key,
 )
-from tessel.kernels.attention.merge import merge_partials
+from tessel.kernels.attention.merge import merge_partials, store_tile_output
+from tessel.kernels.autotune import autotune_enabled
 from tessel.kernels.checks import FLOAT_DTYPES, KV_CACHE_DTYPES, check_shape, check_tensor
 from tessel.kernels.specialization import step_varying
 
@@ -38,13 +42,6 @@ __all__ = [
 LOG2E = 1.4426950408889634
 
 
-def autotune_enabled() -> bool:
-    """Autotune on a real GPU unless TESSEL_AUTOTUNE=0; never under the interpreter."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    return os.environ.get("TESSEL_AUTOTUNE", "1") != "0"
-
-
 def _decode_configs() -> list[triton.Config]:
     # The first entry is the untuned default (also the interpreter's).
     shapes = [(64, 4, 3)]
@@ -54,7 +51,7 @@ def _decode_configs() -> list[triton.Config]:
     return [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s) for n, w, s in shapes]
 
 
-@triton.autotune(configs=_decode_configs(), key=["HEAD_DIM", "GROUP_PAD", "PAGE"])
+@triton.autotune(configs=_decode_configs(), key=["HEAD_DIM", "GROUP_PAD", "PAGE", "F16_DOTS"])
 @triton.jit(do_not_specialize=step_varying("stride_bt", "num_tiles", "bucket_off", "first_off", "count_off"))
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_lse_ptr,
@@ -66,7 +63,7 @@ def _decode_kernel(
     num_tiles, bucket_off, first_off, count_off, num_q_heads,
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, PAGE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, KV_FP8: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    F16_DOTS: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     if PDL:  # see kernels/pdl.py
         tl.extra.cuda.gdc_wait()
@@ -92,6 +89,8 @@ def _decode_kernel(
         )
         if not KV_FP8:
             q = q.to(k_ptr.dtype.element_ty)
+        elif F16_DOTS:
+            q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
         m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
         l_i = tl.zeros([GROUP_PAD], tl.float32)
         acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
@@ -114,14 +113,8 @@ def _decode_kernel(
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
             m_i = m_new
-        acc = acc / l_i[:, None]
-        if tl.load(sched_ptr + count_off + req) == 1:
-            o_ptr = out_ptr + req * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
-            tl.store(o_ptr, acc.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
-        else:
-            row = t * num_q_heads + heads  # int32 is enough below 2**31 / (Hq * D) tiles
-            tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=g_mask[:, None])
-            tl.store(part_lse_ptr + row, m_i + tl.log2(l_i), mask=g_mask)
+        store_tile_output(acc / l_i[:, None], m_i + tl.log2(l_i), req, t, heads, g_mask, offs_d, out_ptr,
+                          part_out_ptr, part_lse_ptr, sched_ptr, count_off, stride_ot, stride_oh, num_q_heads, HEAD_DIM)
 
 
 def paged_decode(
@@ -141,7 +134,9 @@ def paged_decode(
     if out is None:
         out = torch.empty_like(q)
     c, bucket_off, first_off, count_off = plan.offsets
-    _decode_kernel[(plan.grid_buckets, num_kv_heads)](
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    grid = (plan.grid_buckets, num_kv_heads)
+    args = (
         q, k_cache, v_cache, out, plan.part_out, plan.part_lse, block_tables, plan.sched,
         scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
@@ -149,10 +144,17 @@ def paged_decode(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
         c, bucket_off, first_off, count_off, num_q_heads,
-        HEAD_DIM=head_dim, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
-        PAGE=page, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        KV_FP8=k_cache.dtype == torch.float8_e4m3fn, **pdl.launch_options(q),
     )
+    if fp8 and decode_fma.enabled(group):
+        decode_fma.launch(grid, args, head_dim, group, page, **pdl.launch_options(q))
+    else:
+        _decode_kernel[grid](
+            *args,
+            HEAD_DIM=head_dim, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
+            PAGE=page, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+            KV_FP8=fp8, F16_DOTS=fp8 and q.dtype == torch.bfloat16 and os.environ.get("TESSEL_FP8_F16") == "1",
+            **pdl.launch_options(q),
+        )
     if plan.needs_merge:
         merge_partials(out, plan.part_out, plan.part_lse, plan.sched, first_off=first_off, batch=batch)
     return out

@@ -10,6 +10,20 @@ from tessel.kernels import pdl
 from tessel.kernels.specialization import step_varying
 
 
+@triton.jit
+def store_tile_output(acc, lse, req, t, heads, g_mask, offs_d, out_ptr, part_out_ptr, part_lse_ptr, sched_ptr,
+                      count_off, stride_ot, stride_oh, num_q_heads, HEAD_DIM: tl.constexpr):
+    """A decode tile's normalised output ``acc`` [G, D] for its query heads: the request's output
+    when the tile is its only one, else a partial (and its log2-sum-exp ``lse``) for the merge."""
+    if tl.load(sched_ptr + count_off + req) == 1:
+        o_ptr = out_ptr + req * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptr, acc.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+    else:
+        row = t * num_q_heads + heads  # int32 is enough below 2**31 / (Hq * D) tiles
+        tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=g_mask[:, None])
+        tl.store(part_lse_ptr + row, lse, mask=g_mask)
+
+
 @triton.jit(do_not_specialize=step_varying("first_off", "count_off"))
 def _merge_kernel(
     out_ptr, part_out_ptr, part_lse_ptr, sched_ptr,

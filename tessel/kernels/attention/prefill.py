@@ -20,8 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tessel.kernels.attention.decode import autotune_enabled
 from tessel.kernels.attention.metadata import AttentionMetadata
+from tessel.kernels.autotune import autotune_enabled
 from tessel.kernels.checks import FLOAT_DTYPES, KV_CACHE_DTYPES, check_shape, check_tensor
 from tessel.kernels.specialization import step_varying
 

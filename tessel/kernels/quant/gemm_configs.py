@@ -15,7 +15,7 @@ from typing import Any
 
 import triton
 
-from tessel.kernels.attention.decode import autotune_enabled
+from tessel.kernels.autotune import autotune_enabled
 
 M_BUCKETS = (16, 32, 64, 128, 256, 512)
 SMALL_M = 64  # buckets up to here use the decode configs
