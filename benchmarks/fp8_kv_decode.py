@@ -10,16 +10,24 @@ or length: every case runs the tile picked on the first one. ``--tune-context N`
 first call 256 requests of N tokens, as the engine's start-up tuning does (N = 992 under
 max_model_len 1024); the picks are printed last.
 
-    PYTHONPATH=. python3 benchmarks/fp8_kv_decode.py [--tune-context 992] [--out fp8_kv_decode.md]
+``--sweep`` instead pins each tile config in turn, for the bf16 cache and three ways of reading
+the fp8 one: the tensor-core kernel as it is (E4M3 widened to bf16), the same with fp16 dots
+(``TESSEL_FP8_F16=1``: one conversion instruction per two values instead of three) and the
+CUDA-core kernel (``kernels/attention/decode_fma.py``, ``TESSEL_DECODE_FMA=1``); it prints each
+case's best and worst tile per variant.
+
+    PYTHONPATH=. python3 benchmarks/fp8_kv_decode.py [--tune-context 992 | --sweep] [--out fp8_kv_decode.md]
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import os
 
 import numpy as np
 import torch
+import triton
 
 from benchmarks.attention import HKV, HQ, D, bench_graph, copy_bandwidth, make_decode_batch
 from benchmarks.report import emit
@@ -39,7 +47,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--tune-context", type=int, default=0, help="tune on 256 requests of this many tokens first")
+    ap.add_argument("--sweep", action="store_true", help="time every tile config of each case, per cache variant")
     args = ap.parse_args()
+    if args.sweep:
+        return sweep(args.out)
     copy_bw = copy_bandwidth()
     if args.tune_context:
         tune_first(np.full(256, args.tune_context))
@@ -79,6 +90,55 @@ def tune_first(lens: np.ndarray) -> None:
                  (batch.k_cache.to(torch.float8_e4m3fn), batch.v_cache.to(torch.float8_e4m3fn))):
         paged_decode(batch.q, k, v, batch.tables, plan, D**-0.5)
     torch.cuda.synchronize()
+
+
+# label: (cache dtype, TESSEL_FP8_F16, TESSEL_DECODE_FMA)
+SWEEP_VARIANTS = {"bf16": (torch.bfloat16, "0", "0"), "fp8": (torch.float8_e4m3fn, "0", "0"),
+                  "fp8 fma": (torch.float8_e4m3fn, "0", "1"), "fp8 f16 dots": (torch.float8_e4m3fn, "1", "0")}
+
+
+def sweep(out: str | None) -> None:
+    """Each case x cache variant x tile config, pinned one at a time: the best tile per case and
+    variant, against the autotuner's single pick for the whole run."""
+    from tessel.kernels.attention import decode_fma
+
+    kernels = {"0": decode_mod._decode_kernel, "1": decode_fma._decode_fma_kernel}
+    all_configs = {fma: list(k.configs) for fma, k in kernels.items()}  # type: ignore[attr-defined]
+    lines = ["| case | variant | best ms | best config (BLOCK_N/warps/stages or VEC) | worst ms | max err vs bf16 | per config |",
+             "|---|---|---:|---|---:|---:|---|"]
+    for name, lens in CASES.items():
+        batch = make_decode_batch(lens)
+        plan = build_decode_plan(lens, HQ, HKV, D, torch.device("cuda"), DecodeConfig())
+        ref = None
+        for label, (dtype, f16, fma) in SWEEP_VARIANTS.items():
+            os.environ["TESSEL_FP8_F16"], os.environ["TESSEL_DECODE_FMA"] = f16, fma
+            kernel, configs = kernels[fma], all_configs[fma]
+            k, v = batch.k_cache.to(dtype), batch.v_cache.to(dtype)
+            out_t = torch.empty_like(batch.q)
+            fn = functools.partial(paged_decode, batch.q, k, v, batch.tables, plan, D**-0.5, out_t)
+            times, err = [], 0.0
+            for cfg in configs:
+                kernel.configs, kernel.cache = [cfg], {}  # type: ignore[attr-defined]
+                fn()
+                if ref is None:
+                    ref = out_t.float().clone()
+                err = max(err, (out_t.float() - ref).abs().max().item())
+                assert err < 0.5, (name, label, cfg)
+                times.append(bench_graph(fn))
+            best = int(np.argmin(times))
+            lines.append(f"| {name} | {label} | {times[best]:.3f} | {_tile(configs[best])} | {max(times):.3f} | {err:.3f} | "
+                         + " ".join(f"{_tile(c)}={t:.3f}" for c, t in zip(configs, times, strict=True)) + " |")
+            print(lines[-1], flush=True)
+            del k, v
+        del batch
+        torch.cuda.empty_cache()
+    for fma, kernel in kernels.items():
+        kernel.configs, kernel.cache = all_configs[fma], {}  # type: ignore[attr-defined]
+    emit(lines, out)
+
+
+def _tile(c: triton.Config) -> str:
+    return f"{c.kwargs['BLOCK_N']}/{c.num_warps}/" + (f"v{c.kwargs['VEC']}" if "VEC" in c.kwargs else str(c.num_stages))
 
 
 if __name__ == "__main__":
