@@ -29,7 +29,12 @@ from tessel.kernels.attention.decode_plan import (  # re-exported: the plan's pu
     decode_plan_for,
     decode_plan_key,
 )
-from tessel.kernels.attention.merge import merge_partials, store_tile_output
+from tessel.kernels.attention.merge import (
+    bucket_tiles,
+    merge_partials,
+    store_tile_output,
+    tile_span,
+)
 from tessel.kernels.autotune import autotune_enabled
 from tessel.kernels.checks import FLOAT_DTYPES, KV_CACHE_DTYPES, check_shape, check_tensor
 from tessel.kernels.specialization import step_varying
@@ -68,10 +73,8 @@ def _decode_kernel(
     if PDL:  # see kernels/pdl.py
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    bucket = tl.program_id(0)
     kvh = tl.program_id(1)
-    t_lo = tl.load(sched_ptr + bucket_off + bucket)
-    t_hi = tl.load(sched_ptr + bucket_off + bucket + 1)
+    t_lo, t_hi = bucket_tiles(sched_ptr, bucket_off)
     offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
@@ -80,9 +83,7 @@ def _decode_kernel(
     k_base = k_ptr + kvh * stride_kh + offs_d[None, :]
     v_base = v_ptr + kvh * stride_vh + offs_d[None, :]
     for t in range(t_lo, t_hi):
-        req = tl.load(sched_ptr + t)
-        start = tl.load(sched_ptr + num_tiles + t)
-        end = tl.load(sched_ptr + 2 * num_tiles + t)
+        req, start, end = tile_span(sched_ptr, t, num_tiles)
         q = tl.load(
             q_ptr + req * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
             mask=g_mask[:, None], other=0.0,

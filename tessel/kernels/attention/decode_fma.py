@@ -18,7 +18,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from tessel.kernels.attention.merge import store_tile_output
+from tessel.kernels.attention.merge import bucket_tiles, store_tile_output, tile_span
 from tessel.kernels.autotune import autotune_enabled
 from tessel.kernels.specialization import step_varying
 
@@ -71,10 +71,8 @@ def _decode_fma_kernel(
     if PDL:  # see kernels/pdl.py
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    bucket = tl.program_id(0)
     kvh = tl.program_id(1)
-    t_lo = tl.load(sched_ptr + bucket_off + bucket)
-    t_hi = tl.load(sched_ptr + bucket_off + bucket + 1)
+    t_lo, t_hi = bucket_tiles(sched_ptr, bucket_off)
     offs_g = tl.arange(0, GROUP_PAD)
     # contiguity capped at VEC: the loads' vector width, so fewer D values (query, output) per thread
     offs_d = tl.max_contiguous(tl.arange(0, HEAD_DIM), VEC)
@@ -84,9 +82,7 @@ def _decode_fma_kernel(
     k_base = k_ptr + kvh * stride_kh + offs_d[None, None, :]
     v_base = v_ptr + kvh * stride_vh + offs_d[None, None, :]
     for t in range(t_lo, t_hi):
-        req = tl.load(sched_ptr + t)
-        start = tl.load(sched_ptr + num_tiles + t)
-        end = tl.load(sched_ptr + 2 * num_tiles + t)
+        req, start, end = tile_span(sched_ptr, t, num_tiles)
         q = tl.load(
             q_ptr + req * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
             mask=g_mask[:, None], other=0.0,

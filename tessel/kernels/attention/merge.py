@@ -1,4 +1,5 @@
-"""Combine the partial outputs of a request's tiles by their log-sum-exp (split-KV reduce)."""
+"""The decode schedule's device side: which tiles a program walks, where a tile's output goes, and
+the merge of a request's partial outputs by their log-sum-exp (split-KV reduce)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,19 @@ import triton.language as tl
 
 from tessel.kernels import pdl
 from tessel.kernels.specialization import step_varying
+
+
+@triton.jit
+def bucket_tiles(sched_ptr, bucket_off):
+    """The range of tiles program ``program_id(0)`` walks (its bucket in the schedule table)."""
+    bucket = tl.program_id(0)
+    return tl.load(sched_ptr + bucket_off + bucket), tl.load(sched_ptr + bucket_off + bucket + 1)
+
+
+@triton.jit
+def tile_span(sched_ptr, t, num_tiles):
+    """Tile ``t``: its request and the [start, end) of that request's tokens it covers."""
+    return tl.load(sched_ptr + t), tl.load(sched_ptr + num_tiles + t), tl.load(sched_ptr + 2 * num_tiles + t)
 
 
 @triton.jit
