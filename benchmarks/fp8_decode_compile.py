@@ -25,7 +25,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from benchmarks.report import emit
-from tessel.kernels.attention import decode, decode_fma
+from tessel.kernels.attention import decode
 
 TARGET = GPUTarget("cuda", 90, 32)
 INTS = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_ks", "stride_kh", "stride_vb",
@@ -65,13 +65,15 @@ def variants() -> dict[str, tuple[Any, str, dict[str, Any], int, int]]:
     base = {"HEAD_DIM": 128, "GROUP": 4, "PAGE": 16, "PDL": False}
     tc = base | {"GROUP_PAD": 16, "DOT_PRECISION": "tf32", "BLOCK_N": 64}
     return {
-        "tensor cores, bf16 cache": (decode._decode_kernel, "bf16", tc | {"KV_FP8": False, "F16_DOTS": False}, 4, 3),
-        "tensor cores, fp8 cache (default)": (decode._decode_kernel, "fp8e4nv", tc | {"KV_FP8": True, "F16_DOTS": False}, 4, 3),
-        "tensor cores, fp8 cache, fp16 dots": (decode._decode_kernel, "fp8e4nv", tc | {"KV_FP8": True, "F16_DOTS": True}, 4, 3),
-    } | {
-        f"CUDA cores, fp8 cache, {c.kwargs['BLOCK_N']}/{c.num_warps}/v{c.kwargs['VEC']}": (
-            decode_fma._decode_fma_kernel, "fp8e4nv", base | {"GROUP_PAD": 4} | c.kwargs, c.num_warps, c.num_stages)
-        for c in decode_fma._fma_configs()
+        "tensor cores, bf16 cache": (decode._decode_kernel, "bf16", tc | {"KV_FP8": False, "F16_DOTS": False, "V_WORDS": False}, 4, 3),
+        "tensor cores, fp8 cache, V as words (default)": (
+            decode._decode_kernel, "fp8e4nv", tc | {"KV_FP8": True, "F16_DOTS": False, "V_WORDS": True}, 4, 3),
+        "tensor cores, fp8 cache, V as words, fp16 dots": (
+            decode._decode_kernel, "fp8e4nv", tc | {"KV_FP8": True, "F16_DOTS": True, "V_WORDS": True}, 4, 3),
+        "tensor cores, fp8 cache, V as bytes": (
+            decode._decode_kernel, "fp8e4nv", tc | {"KV_FP8": True, "F16_DOTS": False, "V_WORDS": False}, 4, 3),
+        "tensor cores, fp8 cache, V as bytes, fp16 dots": (
+            decode._decode_kernel, "fp8e4nv", tc | {"KV_FP8": True, "F16_DOTS": True, "V_WORDS": False}, 4, 3),
     }
 
 

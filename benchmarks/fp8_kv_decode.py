@@ -11,10 +11,10 @@ first call 256 requests of N tokens, as the engine's start-up tuning does (N = 9
 max_model_len 1024); the picks are printed last.
 
 ``--sweep`` instead pins each tile config in turn, for the bf16 cache and three ways of reading
-the fp8 one: the tensor-core kernel as it is (E4M3 widened to bf16), the same with fp16 dots
-(``TESSEL_FP8_F16=1``: one conversion instruction per two values instead of three) and the
-CUDA-core kernel (``kernels/attention/decode_fma.py``, ``TESSEL_DECODE_FMA=1``); it prints each
-case's best and worst tile per variant.
+the fp8 one: as the engine does (V read as 32-bit words, ``kernels/attention/fp8_words.py``), the
+same with fp16 dots (``TESSEL_FP8_F16=1``: one conversion instruction per two values instead of
+three) and V read byte by byte as before (``TESSEL_FP8_V_WORDS=0``); it prints each case's best
+and worst tile per variant.
 
     PYTHONPATH=. python3 benchmarks/fp8_kv_decode.py [--tune-context 992 | --sweep] [--out fp8_kv_decode.md]
 """
@@ -92,27 +92,26 @@ def tune_first(lens: np.ndarray) -> None:
     torch.cuda.synchronize()
 
 
-# label: (cache dtype, TESSEL_FP8_F16, TESSEL_DECODE_FMA)
-SWEEP_VARIANTS = {"bf16": (torch.bfloat16, "0", "0"), "fp8": (torch.float8_e4m3fn, "0", "0"),
-                  "fp8 fma": (torch.float8_e4m3fn, "0", "1"), "fp8 f16 dots": (torch.float8_e4m3fn, "1", "0")}
+SWITCHES = ("TESSEL_FP8_F16", "TESSEL_FP8_V_WORDS")
+# label: (cache dtype, the switches it turns on)
+SWEEP_VARIANTS = {"bf16": (torch.bfloat16, ()), "fp8": (torch.float8_e4m3fn, ("TESSEL_FP8_V_WORDS",)),
+                  "fp8 f16 dots": (torch.float8_e4m3fn, ("TESSEL_FP8_V_WORDS", "TESSEL_FP8_F16")),
+                  "fp8 V bytes": (torch.float8_e4m3fn, ())}
 
 
 def sweep(out: str | None) -> None:
     """Each case x cache variant x tile config, pinned one at a time: the best tile per case and
     variant, against the autotuner's single pick for the whole run."""
-    from tessel.kernels.attention import decode_fma
-
-    kernels = {"0": decode_mod._decode_kernel, "1": decode_fma._decode_fma_kernel}
-    all_configs = {fma: list(k.configs) for fma, k in kernels.items()}  # type: ignore[attr-defined]
-    lines = ["| case | variant | best ms | best config (BLOCK_N/warps/stages or VEC) | worst ms | max err vs bf16 | per config |",
+    kernel = decode_mod._decode_kernel
+    configs = list(kernel.configs)  # type: ignore[attr-defined]
+    lines = ["| case | variant | best ms | best config (BLOCK_N/warps/stages) | worst ms | max err vs bf16 | per config |",
              "|---|---|---:|---|---:|---:|---|"]
     for name, lens in CASES.items():
         batch = make_decode_batch(lens)
         plan = build_decode_plan(lens, HQ, HKV, D, torch.device("cuda"), DecodeConfig())
         ref = None
-        for label, (dtype, f16, fma) in SWEEP_VARIANTS.items():
-            os.environ["TESSEL_FP8_F16"], os.environ["TESSEL_DECODE_FMA"] = f16, fma
-            kernel, configs = kernels[fma], all_configs[fma]
+        for label, (dtype, on) in SWEEP_VARIANTS.items():
+            os.environ.update({switch: "1" if switch in on else "0" for switch in SWITCHES})
             k, v = batch.k_cache.to(dtype), batch.v_cache.to(dtype)
             out_t = torch.empty_like(batch.q)
             fn = functools.partial(paged_decode, batch.q, k, v, batch.tables, plan, D**-0.5, out_t)
@@ -132,13 +131,12 @@ def sweep(out: str | None) -> None:
             del k, v
         del batch
         torch.cuda.empty_cache()
-    for fma, kernel in kernels.items():
-        kernel.configs, kernel.cache = all_configs[fma], {}  # type: ignore[attr-defined]
+    kernel.configs, kernel.cache = configs, {}  # type: ignore[attr-defined]
     emit(lines, out)
 
 
 def _tile(c: triton.Config) -> str:
-    return f"{c.kwargs['BLOCK_N']}/{c.num_warps}/" + (f"v{c.kwargs['VEC']}" if "VEC" in c.kwargs else str(c.num_stages))
+    return f"{c.kwargs['BLOCK_N']}/{c.num_warps}/{c.num_stages}"
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 # and an fp8 cache (benchmarks/fp8_kv_decode.py), then issue 7's engine table (benchmarks/quant.py:
 # decode tok/s at batch 64 and 256, KV blocks) with and without it.
 #   VARIANTS="bf16 int8 int8+fp8kv bf16+fp8kv" PROMPT_LEN=128 [TUNE_CONTEXT=992 | SWEEP=1] bash benchmarks/run_gpu_fp8kv.sh
-# e.g. the opt-in fp8 decode kernels: SWEEP=1 DECODE_TIMEOUT=240 VARIANTS="bf16 int8+fp8kv int8+fp8kv+fmadecode"
+# e.g. the fp8 decode variants: SWEEP=1 DECODE_TIMEOUT=240 VARIANTS="bf16 int8 int8+fp8kv int8+fp8kv+f16dots int8+fp8kv+vbytes"
 set -uo pipefail
 source benchmarks/gpu_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"

@@ -89,14 +89,18 @@ def _tol(q: torch.Tensor) -> dict[str, float]:
     return dict(atol=1e-4, rtol=1e-4) if q.dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
 
 
+# which switches each variant turns on (TESSEL_FP8_F16 takes a bf16 query, so acts on CUDA only)
+DECODE_VARIANTS = {"v-words": ("TESSEL_FP8_V_WORDS",), "v-words-f16-dots": ("TESSEL_FP8_V_WORDS", "TESSEL_FP8_F16"),
+                   "v-bytes": (), "v-bytes-f16-dots": ("TESSEL_FP8_F16",)}
+
+
 @pytest.mark.parametrize("heads", [(2, 2, 64), (8, 2, 128)], ids=lambda h: f"q{h[0]}kv{h[1]}d{h[2]}")
 @pytest.mark.parametrize("mode", ["balanced", "none"])
-@pytest.mark.parametrize("kernel", ["tensor-cores", "f16-dots", "fma"])
+@pytest.mark.parametrize("kernel", list(DECODE_VARIANTS))
 def test_decode_reads_an_fp8_cache(device: str, heads: tuple[int, int, int], mode: str, kernel: str,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    # the opt-in variants (TESSEL_FP8_F16 takes a bf16 query, so on CUDA only; TESSEL_DECODE_FMA)
-    monkeypatch.setenv("TESSEL_FP8_F16", "1" if kernel == "f16-dots" else "0")
-    monkeypatch.setenv("TESSEL_DECODE_FMA", "1" if kernel == "fma" else "0")
+    for switch in ("TESSEL_FP8_F16", "TESSEL_FP8_V_WORDS"):
+        monkeypatch.setenv(switch, "1" if switch in DECODE_VARIANTS[kernel] else "0")
     hq, hkv, d = heads
     lens = [1, 16, 37, 100, 5] if device == "cpu" else [1, 16, 1000, 4099, 129, 7]
     q, kc, vc, md = _fp8_batch(device, lens, [1] * len(lens), heads)

@@ -5,9 +5,10 @@ whole GQA group of query heads once ([G, D] in shared memory), streams its K/V b
 the block table with software pipelining, keeps scores in registers and an online softmax,
 then either writes the output (the request's only tile) or a partial output and its
 log-sum-exp for ``merge.py``. An E4M3 cache (``KV_FP8``) is widened to the query's dtype as it
-is loaded: decode is bound by reading the cache, which is then half the bytes of bf16. Two opt-in
-alternatives for it, unmeasured so far: the dots in fp16 (``TESSEL_FP8_F16=1``, one conversion
-per two values where bf16 takes three) and ``decode_fma.py`` on the CUDA cores.
+is loaded: decode is bound by reading the cache, which is then half the bytes of bf16. Its V
+tile is read as 32-bit words (``fp8_words.py``; ``TESSEL_FP8_V_WORDS=0`` reads bytes), and
+``TESSEL_FP8_F16=1`` runs the dots in fp16 (opt-in: faster alone, not in the engine; see
+``benchmarks/results/fp8_kv_decode_h100.md``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import triton
 import triton.language as tl
 
 from tessel.kernels import pdl
-from tessel.kernels.attention import decode_fma
 from tessel.kernels.attention.decode_plan import (  # re-exported: the plan's public names
     DEFAULT_DECODE,
     DecodeConfig,
@@ -29,6 +29,7 @@ from tessel.kernels.attention.decode_plan import (  # re-exported: the plan's pu
     decode_plan_for,
     decode_plan_key,
 )
+from tessel.kernels.attention.fp8_words import can_read_words, load_e4m3_words
 from tessel.kernels.attention.merge import (
     bucket_tiles,
     merge_partials,
@@ -56,7 +57,7 @@ def _decode_configs() -> list[triton.Config]:
     return [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s) for n, w, s in shapes]
 
 
-@triton.autotune(configs=_decode_configs(), key=["HEAD_DIM", "GROUP_PAD", "PAGE", "F16_DOTS"])
+@triton.autotune(configs=_decode_configs(), key=["HEAD_DIM", "GROUP_PAD", "PAGE", "F16_DOTS", "V_WORDS"])
 @triton.jit(do_not_specialize=step_varying("stride_bt", "num_tiles", "bucket_off", "first_off", "count_off"))
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_lse_ptr,
@@ -68,7 +69,7 @@ def _decode_kernel(
     num_tiles, bucket_off, first_off, count_off, num_q_heads,
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, PAGE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, KV_FP8: tl.constexpr = False,
-    F16_DOTS: tl.constexpr = False, PDL: tl.constexpr = False,
+    F16_DOTS: tl.constexpr = False, V_WORDS: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     if PDL:  # see kernels/pdl.py
         tl.extra.cuda.gdc_wait()
@@ -82,6 +83,8 @@ def _decode_kernel(
     g_mask = offs_g < GROUP
     k_base = k_ptr + kvh * stride_kh + offs_d[None, :]
     v_base = v_ptr + kvh * stride_vh + offs_d[None, :]
+    if V_WORDS:  # see fp8_words.py
+        v_words = v_ptr.to(tl.pointer_type(tl.int32)) + kvh * (stride_vh // 4) + tl.arange(0, HEAD_DIM // 4)[None, :]
     for t in range(t_lo, t_hi):
         req, start, end = tile_span(sched_ptr, t, num_tiles)
         q = tl.load(
@@ -102,7 +105,11 @@ def _decode_kernel(
             blk = tl.load(table + pos // PAGE, mask=valid, other=0).to(tl.int64)
             off = pos % PAGE
             k = tl.load(k_base + (blk * stride_kb + off * stride_ks)[:, None], mask=valid[:, None], other=0.0)
-            v = tl.load(v_base + (blk * stride_vb + off * stride_vs)[:, None], mask=valid[:, None], other=0.0)
+            if V_WORDS:
+                v = load_e4m3_words(v_words + (blk * (stride_vb // 4) + off * (stride_vs // 4))[:, None],
+                                    valid[:, None], BLOCK_N, HEAD_DIM, q.dtype)
+            else:
+                v = tl.load(v_base + (blk * stride_vb + off * stride_vs)[:, None], mask=valid[:, None], other=0.0)
             if KV_FP8:
                 k = k.to(q.dtype)
                 v = v.to(q.dtype)
@@ -146,16 +153,14 @@ def paged_decode(
         block_tables.stride(0),
         c, bucket_off, first_off, count_off, num_q_heads,
     )
-    if fp8 and decode_fma.enabled(group):
-        decode_fma.launch(grid, args, head_dim, group, page, **pdl.launch_options(q))
-    else:
-        _decode_kernel[grid](
-            *args,
-            HEAD_DIM=head_dim, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
-            PAGE=page, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-            KV_FP8=fp8, F16_DOTS=fp8 and q.dtype == torch.bfloat16 and os.environ.get("TESSEL_FP8_F16") == "1",
-            **pdl.launch_options(q),
-        )
+    _decode_kernel[grid](
+        *args,
+        HEAD_DIM=head_dim, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        PAGE=page, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        KV_FP8=fp8, F16_DOTS=fp8 and q.dtype == torch.bfloat16 and os.environ.get("TESSEL_FP8_F16") == "1",
+        V_WORDS=fp8 and os.environ.get("TESSEL_FP8_V_WORDS", "1") != "0" and can_read_words(v_cache),
+        **pdl.launch_options(q),
+    )
     if plan.needs_merge:
         merge_partials(out, plan.part_out, plan.part_lse, plan.sched, first_off=first_off, batch=batch)
     return out
