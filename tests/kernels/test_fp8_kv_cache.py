@@ -14,6 +14,7 @@ import torch
 
 from tessel.kernels import reference
 from tessel.kernels.attention.decode import DecodeConfig, build_decode_plan, paged_decode
+from tessel.kernels.attention.fp8_words import can_read_words
 from tessel.kernels.attention.prefill import paged_prefill
 from tessel.kernels.kv_store import store_kv
 from tessel.kernels.rope import apply_rope_and_store_kv
@@ -128,3 +129,11 @@ def test_reference_and_cpu_paths_agree_on_an_fp8_cache() -> None:
     q, kc, vc, md = _fp8_batch("cpu", [37, 80, 16, 3], [5, 1, 16, 1], (8, 2, 64))
     got = cpu_attention.paged_attention(q, kc, vc, md, 0.125)
     torch.testing.assert_close(got, _expected(q, kc, vc, md, 0.125), atol=1e-5, rtol=1e-5)
+
+
+def test_words_need_4_byte_aligned_rows() -> None:
+    """decode reads V as words only where every row starts on a 4-byte boundary (else as bytes)."""
+    flat = torch.zeros(2 * 16 * 2 * 64 + 2, dtype=torch.uint8).view(FP8)
+    assert can_read_words(flat[: 2 * 16 * 2 * 64].view(2, 16, 2, 64))
+    assert not can_read_words(flat[2:].view(2, 16, 2, 64))  # starts 2 bytes in
+    assert not can_read_words(torch.zeros(2, 16, 2, 66, dtype=torch.uint8).view(FP8)[..., :64])  # 66-byte rows

@@ -144,7 +144,7 @@ def paged_decode(
     c, bucket_off, first_off, count_off = plan.offsets
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     grid = (plan.grid_buckets, num_kv_heads)
-    args = (
+    _decode_kernel[grid](
         q, k_cache, v_cache, out, plan.part_out, plan.part_lse, block_tables, plan.sched,
         scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
@@ -152,9 +152,6 @@ def paged_decode(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
         c, bucket_off, first_off, count_off, num_q_heads,
-    )
-    _decode_kernel[grid](
-        *args,
         HEAD_DIM=head_dim, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
         PAGE=page, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         KV_FP8=fp8, F16_DOTS=fp8 and q.dtype == torch.bfloat16 and os.environ.get("TESSEL_FP8_F16") == "1",
