@@ -158,11 +158,10 @@ def launch_switches(extras: list[str]) -> Iterator[None]:
     """"+nopdl": programmatic dependent launch off (TESSEL_PDL=0); "+noprefetch": the W8A8 GEMM's
     L2 prefetch of its weight off (TESSEL_PREFETCH_LINES=0); "+gemmpdlall": the GEMM under PDL at
     every M (gemm.PDL_MAX_M lifted); "+f16dots" the fp8 KV cache's decode dots in fp16 (TESSEL_FP8_F16=1);
-    "+vbytes" its V tile read byte by byte as before (TESSEL_FP8_V_WORDS=0); "+tma" the W8A8 GEMM's
-    tiles through tensor descriptors from M = 65 up (TESSEL_W8A8_TMA_MIN_M). For one engine case; restored after it."""
+    "+vbytes" its V tile read byte by byte as before (TESSEL_FP8_V_WORDS=0). For one engine case; restored after it."""
     switches = {"nopdl": ("TESSEL_PDL", "0"), "noprefetch": ("TESSEL_PREFETCH_LINES", "0"),
                 "gemmpdlall": ("TESSEL_GEMM_PDL_MAX_M", "1000000"), "f16dots": ("TESSEL_FP8_F16", "1"),
-                "vbytes": ("TESSEL_FP8_V_WORDS", "0"), "tma": ("TESSEL_W8A8_TMA_MIN_M", "65")}
+                "vbytes": ("TESSEL_FP8_V_WORDS", "0")}
     saved = {var: os.environ.get(var) for var, _ in switches.values()}
     for extra in extras:
         if extra in switches:
@@ -180,8 +179,9 @@ def launch_switches(extras: list[str]) -> Iterator[None]:
 def engine_case(variant: str) -> dict[str, Any]:
     """``variant``: bf16, int8 or fp8, with "+rotation" (quant_rotation=residual_and_down) and/or
     "+head" (quantize_lm_head) appended to a quantized one, e.g. int8+head; "+fp8kv" for an E4M3
-    KV cache (kv_cache_dtype=fp8, any variant); "+nopdl" and "+noprefetch" for the launch A/B
-    (launch_switches)."""
+    KV cache (kv_cache_dtype=fp8, any variant); "+nosplit" / "+static" for decode attention
+    without split-KV or split FlashDecoding's way (decode_split); "+nopdl" and "+noprefetch" for
+    the launch A/B (launch_switches)."""
     quantization, *extras = variant.split("+")
     with launch_switches(extras):
         return _engine_case(variant, quantization, extras)
@@ -195,7 +195,9 @@ def _engine_case(variant: str, quantization: str, extras: list[str]) -> dict[str
               quant_rotation="residual_and_down" if "rotation" in extras else None,
               quantize_lm_head="head" in extras, kv_cache_dtype="fp8" if "fp8kv" in extras else "auto",
               max_model_len=max(1024, PROMPT_LEN + NEW_TOKENS), max_num_seqs=256,
-              max_num_batched_tokens=8192, cuda_graph_batch_sizes=GRAPHS, **ENGINE_OVERRIDES)
+              max_num_batched_tokens=8192, cuda_graph_batch_sizes=GRAPHS,
+              decode_split="none" if "nosplit" in extras else "static" if "static" in extras else "balanced",
+              **ENGINE_OVERRIDES)
     model = llm.core.runner.model
     row: dict[str, Any] = {
         "variant": variant,

@@ -9,9 +9,6 @@ every config of a grid, with the weight-read roofline beside them. The winners a
 ``gemm_configs._DECODE`` / ``_PREFILL`` should hold.
 
     PYTHONPATH=. python3 benchmarks/quant_sweep.py [--dtype int8|fp8] [--ms 16 64 256] [--out sweep.md]
-
-``--tma`` times every config twice, its tiles loaded through pointers and through tensor
-descriptors (``gemm.use_tma``), and adds a table of the two side by side.
 """
 
 from __future__ import annotations
@@ -22,8 +19,7 @@ import itertools
 import json
 import math
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -48,9 +44,6 @@ SPLIT_GRID = [(32, 256, 4, 5, 1), (64, 256, 4, 5, 1)] + [
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, SPLIT_K) past the decode buckets with --split
 SPLIT_PREFILL_GRID = [(bm, bn, bk, w, st, sk) for (bm, bn, bk, w, st), sk in itertools.product(
     [(64, 128, 128, 4, 4), (128, 128, 128, 8, 3), (128, 64, 128, 4, 4), (64, 64, 128, 4, 4)], (1, 2, 4))]
-# and with --tma, wide and deep tiles too: descriptor loads leave the threads' registers free
-TMA_PREFILL_EXTRA: list[tuple[int, ...]] = [(128, 128, 128, 4, 4, 1), (128, 256, 128, 8, 3, 1), (256, 128, 128, 8, 3, 1),
-                     (128, 128, 256, 8, 3, 1), (256, 128, 64, 8, 4, 1)]
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for M past the decode buckets
 PREFILL_GRID = [(bm, bn, bk, w, s) for bm, bn, bk, w, s in
                 itertools.product((64, 128), (64, 128, 256), (128, 256), (4, 8), (3, 4))
@@ -82,26 +75,10 @@ def tile(m: int, cfg: tuple[int, ...]) -> triton.Config:
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=w, num_stages=s)
 
 
-@contextmanager
-def tma_loads(on: bool) -> Iterator[None]:
-    """The GEMM's TMA switch for the launches (and so the graph captures) inside."""
-    saved = os.environ.get("TESSEL_W8A8_TMA_MIN_M")
-    os.environ["TESSEL_W8A8_TMA_MIN_M"] = "1" if on else str(1 << 62)
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("TESSEL_W8A8_TMA_MIN_M")
-        else:
-            os.environ["TESSEL_W8A8_TMA_MIN_M"] = saved
-
-
 def sweep_shape(
-    n: int, k: int, m: int, key: str, split: bool = False, tma: bool = False, with_tma: bool = False
+    n: int, k: int, m: int, key: str, split: bool = False
 ) -> tuple[float, float, list[tuple[float, tuple[int, ...]]]]:
-    """bf16 and autotuned times (us), and every grid config's (us, config), best first; the
-    times are of the pointer loads, or of the descriptor loads with ``tma``; ``with_tma`` (the
-    --tma comparison, either side) adds TMA_PREFILL_EXTRA to the grid."""
+    """bf16 and autotuned times (us), and every grid config's (us, config), best first."""
     o = operands(m, n, k)
     copies = max(2, math.ceil(L2_BYTES / (n * k)))
     ws = [o[f"w{key}"].clone() for _ in range(copies)]
@@ -112,19 +89,15 @@ def sweep_shape(
         return [partial(gemm.scaled_mm, x, xs, w, wscale, None, torch.bfloat16, config=config) for w in ws]
 
     bf16 = graph_us([partial(F.linear, o["x"], w) for w in wbs])
-    with tma_loads(tma):
-        tuned = graph_us(ours(None))
+    tuned = graph_us(ours(None))
     results = []
     if m <= gemm_configs.SMALL_M:
         grid: list[tuple[int, ...]] = list(SPLIT_GRID if split else DECODE_GRID)
     else:
-        grid = list(SPLIT_PREFILL_GRID if split else PREFILL_GRID) + (TMA_PREFILL_EXTRA if with_tma else [])
+        grid = list(SPLIT_PREFILL_GRID if split else PREFILL_GRID)
     for cfg in grid:
-        if tma and max(tile(m, cfg).kwargs[b] for b in ("BLOCK_M", "BLOCK_N", "BLOCK_K")) > gemm.TMA_MAX_BLOCK:
-            continue
         try:
-            with tma_loads(tma):
-                results.append((graph_us(ours(tile(m, cfg))), cfg))
+            results.append((graph_us(ours(tile(m, cfg))), cfg))
         except Exception as exc:  # out of shared memory or registers
             print(f"  N={n} K={k} M={m} {cfg}: {type(exc).__name__}", flush=True)
     return bf16, tuned, sorted(results)
@@ -135,7 +108,6 @@ def main() -> None:
     ap.add_argument("--dtype", choices=["int8", "fp8"], default="int8")
     ap.add_argument("--ms", type=int, nargs="+", default=[16, 64, 256])
     ap.add_argument("--split", action="store_true", help="sweep SPLIT_GRID (split-K) at decode M")
-    ap.add_argument("--tma", action="store_true", help="also time every config with tensor-descriptor loads")
     ap.add_argument("--pins-out", default=None, help="write each shape's best tile as a TESSEL_W8A8_PIN_FILE")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -152,17 +124,8 @@ def main() -> None:
     copy = 2 * src.numel() * 2 / (triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median") * 1e-3)
     # A config's total time over the shapes of a bucket: what one table entry per bucket costs
     per_bucket: dict[int, dict[tuple[int, ...], float]] = collections.defaultdict(lambda: collections.defaultdict(float))
-    tma_lines = ["", "Pointer loads against tensor-descriptor (TMA) loads, same configs:", "",
-                 "| layer | M | bf16 us | autotuned ptr us | autotuned TMA us | best ptr us | best TMA us | best TMA config "
-                 "| TMA speed-up (autotuned) | TMA speed-up (best) |", "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for (name, (n, k)), m in itertools.product(SHAPES.items(), args.ms):
-        bf16, tuned, ranked = sweep_shape(n, k, m, key, args.split, with_tma=args.tma)
-        if args.tma:
-            _, tuned_tma, ranked_tma = sweep_shape(n, k, m, key, args.split, tma=True, with_tma=True)
-            tma_lines.append(f"| {name} | {m} | {bf16:.1f} | {tuned:.1f} | {tuned_tma:.1f} | {ranked[0][0]:.1f} | "
-                             f"{ranked_tma[0][0]:.1f} | {ranked_tma[0][1]} | {tuned / tuned_tma:.2f}x | "
-                             f"{ranked[0][0] / ranked_tma[0][0]:.2f}x |")
-            print(tma_lines[-1], flush=True)
+        bf16, tuned, ranked = sweep_shape(n, k, m, key, args.split)
         (best_us, best), (second_us, second) = ranked[0], ranked[1]
         for us, cfg in ranked:
             per_bucket[m][cfg] += us
@@ -178,7 +141,7 @@ def main() -> None:
         top = sorted((us, cfg) for cfg, us in totals.items())[:4]
         lines.append(f"M={m}: best single configs over all shapes (sum us): "
                      + ", ".join(f"{cfg} {us:.0f}" for us, cfg in top))
-    emit(lines + (tma_lines if args.tma else []), args.out)
+    emit(lines, args.out)
     if args.pins_out:  # merged into the file's pins (one run per dtype)
         if os.path.exists(args.pins_out):
             with open(args.pins_out) as f:

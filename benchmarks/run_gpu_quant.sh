@@ -6,10 +6,8 @@
 #   bash benchmarks/run_gpu_quant.sh         # both, tests first (may pass a 10-minute call limit)
 #   bash benchmarks/run_gpu_quant.sh splitk  # split-K: its GPU tests, the M = 64 tile sweep with split-K
 #                                            # (int8, fp8), then the engine with the sweep's winners pinned
-#   bash benchmarks/run_gpu_quant.sh tma     # TMA loads: their GPU tests, the M = 256 sweep (SWEEP_MS) with
-#                                            # pointer and descriptor loads side by side (SWEEP_DTYPES), then
-#                                            # the engine's VARIANTS if set (e.g. "bf16 int8 int8+tma");
-#                                            # TESTS=0 skips the tests
+#   VARIANTS="bf16 int8 int8+nosplit" bash benchmarks/run_gpu_quant.sh engine
+#                                            # the engine table alone for these variants (quant.py engine_case)
 WHAT=${1:-all}
 set -uo pipefail
 source benchmarks/gpu_env.sh
@@ -27,19 +25,10 @@ if [ "$WHAT" = splitk ]; then
   grep -E "^\| (variant|bf16|int8|fp8)" "$OUT/quant.md"
   exit 0
 fi
-if [ "$WHAT" = tma ]; then
-  [ "${TESTS:-1}" = 0 ] || timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider -m gpu \
-    tests/kernels/test_quant.py 2>&1 | tail -3
-  for dt in ${SWEEP_DTYPES-int8 fp8}; do  # SWEEP_DTYPES="" skips the sweep
-    timeout ${SWEEP_TIMEOUT:-200} python3 benchmarks/quant_sweep.py --dtype $dt --ms ${SWEEP_MS:-256} --split --tma \
-      --out "$OUT/tma_$dt.md" > "$OUT/tma_$dt.log" 2>&1 || tail -5 "$OUT/tma_$dt.log"
-    grep -A12 "^Pointer loads" "$OUT/tma_$dt.md"
-  done
-  if [ -n "${VARIANTS:-}" ]; then
-    timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/quant.py --skip-gemm --variants $VARIANTS --budget-s ${BUDGET:-280} \
-      --out "$OUT/quant.md" > "$OUT/quant.log" 2>&1 || tail -20 "$OUT/quant.log"
-    grep -E "^\| (variant|bf16|int8|fp8)" "$OUT/quant.md"
-  fi
+if [ "$WHAT" = engine ]; then
+  timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/quant.py --skip-gemm --variants ${VARIANTS:-bf16 int8} \
+    --budget-s ${BUDGET:-280} --out "$OUT/quant.md" > "$OUT/quant.log" 2>&1 || tail -20 "$OUT/quant.log"
+  grep -E "^\| (variant|bf16|int8|fp8)" "$OUT/quant.md"
   exit 0
 fi
 [ "$WHAT" = bench ] || timeout ${TEST_TIMEOUT:-280} python3 -m pytest -q -p no:cacheprovider -m gpu -s \

@@ -21,10 +21,6 @@ program starts while the kernel before it (the activation quantization) finishes
 not depend on that kernel, so before waiting for it each program asks L2 for the first
 ``PREFETCH_LINES`` 128-byte lines of each of its weight rows: a decode-sized GEMM is mostly its
 weight's stream, and this starts it during the previous kernel's tail.
-
-``TMA`` (Hopper, from ``TMA_MIN_M`` rows): the operand tiles come through tensor descriptors, so
-the copy engine moves each whole tile into shared memory (``cp.async.bulk.tensor``) instead of
-every thread issuing its own 16-byte ``cp.async``s; out-of-range rows and K come back as zeros.
 """
 
 from __future__ import annotations
@@ -50,10 +46,6 @@ PREFETCH_LINES = 8
 # launched early, most likely parks its waiting programs on SMs those waves need.
 # TESSEL_GEMM_PDL_MAX_M overrides.
 PDL_MAX_M = 64
-# TMA loads from this M up (TESSEL_W8A8_TMA_MIN_M overrides, read at each launch; the autotuner
-# keys on the choice). Off until measured on the engine: benchmarks/quant_sweep.py --tma.
-TMA_MIN_M = 1 << 62
-TMA_MAX_BLOCK = 256  # a tensor descriptor's box is at most 256 elements a side
 
 
 def prefetch_lines() -> int:
@@ -78,7 +70,6 @@ def _scaled_mm_kernel(
     IMPRECISE_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr = 1, PDL: tl.constexpr = False, PREFETCH_LINES: tl.constexpr = 0,
-    TMA: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     pid_k = pid % SPLIT_K  # a tile's K ranges are neighbours in launch order: they run together
@@ -109,15 +100,9 @@ def _scaled_mm_kernel(
     if PDL:  # see kernels/pdl.py; nothing above reads what the previous kernel writes
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    if TMA:  # the descriptors live in the launch's global scratch (see _tma_scratch)
-        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1], block_shape=[BLOCK_M, BLOCK_K])
-        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[stride_bn, 1], block_shape=[BLOCK_N, BLOCK_K])
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC_DTYPE)
     for k in range(k_first, k_last):
-        if TMA:
-            a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
-            b = b_desc.load([pid_n * BLOCK_N, k * BLOCK_K]).T
-        elif EVEN_K:
+        if EVEN_K:
             a = tl.load(a_ptrs)
             b = tl.load(b_ptrs)
         else:
@@ -155,7 +140,7 @@ def _scaled_mm_kernel(
 
 _tuned_kernel = triton.autotune(
     configs=gemm_configs.tuned_configs(),
-    key=["M_BUCKET", "N", "K", "TMA"],
+    key=["M_BUCKET", "N", "K"],
     prune_configs_by={"early_config_prune": gemm_configs.prune_by_bucket},
     **gemm_configs.autotune_kwargs(),
 )(triton.heuristics({
@@ -205,28 +190,6 @@ def _arrival_counts(device: torch.device, tiles: int) -> torch.Tensor:
     return counts
 
 
-_scratch: dict[torch.device, torch.Tensor] = {}
-
-
-def _tma_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
-    """Triton's allocator for the kernel's tensor descriptors: one buffer per device, reused by
-    every launch (launches on one stream run in order; a captured graph keeps the address)."""
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    buf = _scratch.get(device)
-    if buf is None or buf.numel() < size:
-        buf = _scratch[device] = torch.empty(max(size, 1 << 20), dtype=torch.int8, device=device)
-    return buf
-
-
-def use_tma(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Tensor-descriptor loads for this call: from ``TMA_MIN_M`` rows, where the operands meet a
-    descriptor's rules (16-byte aligned base and row stride)."""
-    min_m = int(os.environ.get("TESSEL_W8A8_TMA_MIN_M", TMA_MIN_M))
-    if a.shape[0] < min_m or (a.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1"):
-        return False
-    return all(t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0 for t in (a, b))
-
-
 def _launch(a, b, c, a_scale, b_scale, bias, raw: bool, config: triton.Config | None) -> None:  # type: ignore[no-untyped-def]
     m, k = a.shape
     n = b.shape[0]
@@ -234,18 +197,13 @@ def _launch(a, b, c, a_scale, b_scale, bias, raw: bool, config: triton.Config | 
         return
     pdl_max_m = int(os.environ.get("TESSEL_GEMM_PDL_MAX_M", PDL_MAX_M))
     launch = pdl.launch_options(a) if m <= pdl_max_m else {"PDL": False}
-    bucket = gemm_configs.m_bucket(m)
+    meta = dict(
+        M_BUCKET=gemm_configs.m_bucket(m), ACC_DTYPE=tl.int32 if a.dtype == torch.int8 else tl.float32,
+        HAS_BIAS=bias is not None, RAW_ACC=raw, PREFETCH_LINES=prefetch_lines() if launch["PDL"] else 0, **launch,
+    )
     if config is None:
         config = gemm_configs.pinned_config(_device_name(a.device), "int8" if a.dtype == torch.int8 else "fp8",
-                                            bucket, n, k)
-    tma = use_tma(a, b) and (config is None or max(config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"],
-                                                   config.kwargs["BLOCK_K"]) <= TMA_MAX_BLOCK)
-    if tma:
-        triton.set_allocator(_tma_scratch)  # per thread (a ContextVar): set where the launch runs
-    meta = dict(
-        M_BUCKET=bucket, ACC_DTYPE=tl.int32 if a.dtype == torch.int8 else tl.float32, HAS_BIAS=bias is not None,
-        RAW_ACC=raw, PREFETCH_LINES=prefetch_lines() if launch["PDL"] else 0, TMA=tma, **launch,
-    )
+                                            meta["M_BUCKET"], n, k)
     operands = (a, b, c, a_scale, b_scale, bias if bias is not None else b_scale)
     sizes = (m, n, k, a.stride(0), b.stride(0), c.stride(0))
     if config is None:
