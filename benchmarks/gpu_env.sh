@@ -1,5 +1,6 @@
 # Sourced by the GPU run scripts: install the wheels carried in .whl/ (the device image lacks
-# pydantic, gguf, fastapi, ...) and set the environment. See ../.library/device/README.md.
+# pydantic, gguf, fastapi, ...; `bash benchmarks/fetch_wheels.sh` downloads them) and set the
+# environment. See ../.library/device/README.md.
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site:.
