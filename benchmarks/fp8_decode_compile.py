@@ -1,4 +1,6 @@
 """The decode kernels over a bf16 and an E4M3 cache, compiled for sm_90 on this machine: no GPU.
+The flat walk (``TESSEL_DECODE_FLAT=1``) is listed too, with its ``cp.async`` count: whether
+Triton still software-pipelines a loop whose tile changes inside it.
 
 Triton compiles to PTX and runs ptxas (both ship in its wheel) for any target, so the code a
 kernel becomes on a Hopper GPU can be read without one. Per variant: registers and spills
@@ -32,7 +34,8 @@ INTS = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride
         "stride_vs", "stride_vh", "stride_bt", "num_tiles", "bucket_off", "first_off", "count_off", "num_q_heads")
 # as at run time: Triton specializes these on divisibility by 16, except the step-varying ones
 UNALIGNED = {"qk_scale", "num_q_heads", "stride_bt", "num_tiles", "bucket_off", "first_off", "count_off"}
-PATTERN = re.compile(r"\b(ld\.shared[.a-z0-9]*|st\.shared[.a-z0-9]*|ldmatrix[.a-z0-9]*|cvt[.a-z0-9]*|mma[.a-z0-9]*)")
+PATTERN = re.compile(
+    r"\b(ld\.shared[.a-z0-9]*|st\.shared[.a-z0-9]*|ldmatrix[.a-z0-9]*|cvt[.a-z0-9]*|mma[.a-z0-9]*|cp\.async\.c[ag][.a-z0-9]*)")
 
 
 def compile_decode(kernel: Any, kv: str, constexprs: dict[str, Any], warps: int, stages: int) -> Any:
@@ -74,6 +77,11 @@ def variants() -> dict[str, tuple[Any, str, dict[str, Any], int, int]]:
             decode._decode_kernel, "fp8e4nv", tc | {"KV_FP8": True, "F16_DOTS": False, "V_WORDS": False}, 4, 3),
         "tensor cores, fp8 cache, V as bytes, fp16 dots": (
             decode._decode_kernel, "fp8e4nv", tc | {"KV_FP8": True, "F16_DOTS": True, "V_WORDS": False}, 4, 3),
+        # TESSEL_DECODE_FLAT=1: the walk pipelined across tiles (same loads, more registers)
+        "flat walk, bf16 cache": (
+            decode._decode_flat_kernel, "bf16", tc | {"KV_FP8": False, "F16_DOTS": False, "V_WORDS": False, "MAX_TILES": 8}, 4, 3),
+        "flat walk, fp8 cache, V as words": (
+            decode._decode_flat_kernel, "fp8e4nv", tc | {"KV_FP8": True, "F16_DOTS": False, "V_WORDS": True, "MAX_TILES": 8}, 4, 3),
     }
 
 
@@ -86,8 +94,8 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     lines = [f"Triton {triton.__version__}, target sm_90; BLOCK_N 64, 4 warps, 3 stages for the tensor-core kernel", "",
-             "| variant | regs | spill B | smem B | ld.shared.b8 | ld.shared (wider) | ldmatrix | mma | e4m3 cvt | other cvt to f16/bf16 |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| variant | regs | spill B | smem B | ld.shared.b8 | ld.shared (wider) | ldmatrix | mma | e4m3 cvt | other cvt to f16/bf16 "
+             "| cp.async |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, (kernel, kv, constexprs, warps, stages) in variants().items():
         compiled = compile_decode(kernel, kv, constexprs, warps, stages)
         regs, spill = registers(compiled.asm["cubin"])
@@ -98,7 +106,7 @@ def main() -> None:
         lines.append(
             f"| {name} | {regs} | {spill} | {compiled.metadata.shared} | {ops['ld.shared.b8']} | {wide_lds} | "
             f"{_count(ops, lambda op: op.startswith('ldmatrix'))} | {_count(ops, lambda op: op.startswith('mma'))} | "
-            f"{_count(ops, lambda op: 'e4m3' in op)} | {half_cvt} |")
+            f"{_count(ops, lambda op: 'e4m3' in op)} | {half_cvt} | {_count(ops, lambda op: op.startswith('cp.async'))} |")
         print(lines[-1], flush=True)
     emit(lines, args.out)
 

@@ -7,7 +7,8 @@
 #   bash benchmarks/run_gpu_quant.sh splitk  # split-K: its GPU tests, the M = 64 tile sweep with split-K
 #                                            # (int8, fp8), then the engine with the sweep's winners pinned
 #   VARIANTS="bf16 int8 int8+nosplit" bash benchmarks/run_gpu_quant.sh engine
-#                                            # the engine table alone for these variants (quant.py engine_case)
+#                                            # the engine table alone for these variants (quant.py engine_case);
+#                                            # TESTS=1 runs the decode attention GPU tests first
 WHAT=${1:-all}
 set -uo pipefail
 source benchmarks/gpu_env.sh
@@ -26,6 +27,8 @@ if [ "$WHAT" = splitk ]; then
   exit 0
 fi
 if [ "$WHAT" = engine ]; then
+  [ "${TESTS:-0}" = 1 ] && timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/kernels/test_attention.py tests/kernels/test_fp8_kv_cache.py 2>&1 | tail -3
   timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/quant.py --skip-gemm --variants ${VARIANTS:-bf16 int8} \
     --budget-s ${BUDGET:-280} --out "$OUT/quant.md" > "$OUT/quant.log" 2>&1 || tail -20 "$OUT/quant.log"
   grep -E "^\| (variant|bf16|int8|fp8)" "$OUT/quant.md"
