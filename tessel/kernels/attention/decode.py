@@ -59,6 +59,26 @@ def _decode_configs() -> list[triton.Config]:
 
 
 @triton.jit
+def _program_setup(k_ptr, v_ptr, stride_kh, stride_vh, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr,
+                   GROUP_PAD: tl.constexpr, V_WORDS: tl.constexpr, PDL: tl.constexpr):
+    """This program's KV head (``program_id(1)``): its query heads, their mask, and its rows of
+    K and V (V also as int32 words when read so, see fp8_words.py)."""
+    if PDL:  # see kernels/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    kvh = tl.program_id(1)
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    k_base = k_ptr + kvh * stride_kh + offs_d[None, :]
+    v_base = v_ptr + kvh * stride_vh + offs_d[None, :]
+    if V_WORDS:
+        v_words = v_ptr.to(tl.pointer_type(tl.int32)) + kvh * (stride_vh // 4) + tl.arange(0, HEAD_DIM // 4)[None, :]
+    else:  # unused
+        v_words = v_base
+    return kvh * GROUP + offs_g, offs_g < GROUP, k_base, v_base, v_words
+
+
+@triton.jit
 def _attend_chunk(
     q, m_i, l_i, acc, table, n0, end, offs_n, k_base, v_base, v_words, stride_kb, stride_ks, stride_vb, stride_vs,
     qk_scale, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -103,22 +123,12 @@ def _decode_kernel(
     DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, KV_FP8: tl.constexpr = False,
     F16_DOTS: tl.constexpr = False, V_WORDS: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
-    if PDL:  # see kernels/pdl.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    kvh = tl.program_id(1)
+    heads, g_mask, k_base, v_base, v_words = _program_setup(
+        k_ptr, v_ptr, stride_kh, stride_vh, HEAD_DIM, GROUP, GROUP_PAD, V_WORDS, PDL)
     t_lo, t_hi = bucket_tiles(sched_ptr, bucket_off)
     offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
-    heads = kvh * GROUP + offs_g
-    g_mask = offs_g < GROUP
-    k_base = k_ptr + kvh * stride_kh + offs_d[None, :]
-    v_base = v_ptr + kvh * stride_vh + offs_d[None, :]
-    if V_WORDS:  # see fp8_words.py
-        v_words = v_ptr.to(tl.pointer_type(tl.int32)) + kvh * (stride_vh // 4) + tl.arange(0, HEAD_DIM // 4)[None, :]
-    else:  # unused
-        v_words = v_base
     for t in range(t_lo, t_hi):
         req, start, end = tile_span(sched_ptr, t, num_tiles)
         q = tl.load(
@@ -162,23 +172,13 @@ def _decode_flat_kernel(
     alone (a prefix sum over the tiles' chunk counts), so the pipeliner can compute the addresses
     of chunks ahead. Per-row vectors stand in for scalar conditions: the interpreter mishandles
     a 0-d operand in a mask. Opt-in (TESSEL_DECODE_FLAT=1) until timed on a GPU."""
-    if PDL:  # see kernels/pdl.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    kvh = tl.program_id(1)
+    heads, g_mask, k_base, v_base, v_words = _program_setup(
+        k_ptr, v_ptr, stride_kh, stride_vh, HEAD_DIM, GROUP, GROUP_PAD, V_WORDS, PDL)
     t_lo, t_hi = bucket_tiles(sched_ptr, bucket_off)
     offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
     offs_t = tl.arange(0, MAX_TILES)
-    heads = kvh * GROUP + offs_g
-    g_mask = offs_g < GROUP
-    k_base = k_ptr + kvh * stride_kh + offs_d[None, :]
-    v_base = v_ptr + kvh * stride_vh + offs_d[None, :]
-    if V_WORDS:  # see fp8_words.py
-        v_words = v_ptr.to(tl.pointer_type(tl.int32)) + kvh * (stride_vh // 4) + tl.arange(0, HEAD_DIM // 4)[None, :]
-    else:  # unused
-        v_words = v_base
     q_dtype = tl.float16 if F16_DOTS else (q_ptr.dtype.element_ty if KV_FP8 else k_ptr.dtype.element_ty)
     for base in range(t_lo, t_hi, MAX_TILES):
         tile = base + offs_t
