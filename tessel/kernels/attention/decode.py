@@ -126,7 +126,6 @@ def _decode_kernel(
     heads, g_mask, k_base, v_base, v_words = _program_setup(
         k_ptr, v_ptr, stride_kh, stride_vh, HEAD_DIM, GROUP, GROUP_PAD, V_WORDS, PDL)
     t_lo, t_hi = bucket_tiles(sched_ptr, bucket_off)
-    offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
     for t in range(t_lo, t_hi):
