@@ -177,11 +177,14 @@ def launch_switches(extras: list[str]) -> Iterator[None]:
                 os.environ[var] = value
 
 
+SPLITS = {"nosplit": "none", "static": "static", "autosplit": "auto"}
+
+
 def engine_case(variant: str) -> dict[str, Any]:
     """``variant``: bf16, int8 or fp8, with "+rotation" (quant_rotation=residual_and_down) and/or
     "+head" (quantize_lm_head) appended to a quantized one, e.g. int8+head; "+fp8kv" for an E4M3
-    KV cache (kv_cache_dtype=fp8, any variant); "+nosplit" / "+static" for decode attention
-    without split-KV or split FlashDecoding's way (decode_split); "+nopdl" and "+noprefetch" for
+    KV cache (kv_cache_dtype=fp8, any variant); "+nosplit" / "+static" / "+autosplit" for
+    decode attention without split-KV, split FlashDecoding's way or chosen per step (decode_split); "+nopdl" and "+noprefetch" for
     the launch A/B (launch_switches)."""
     quantization, *extras = variant.split("+")
     with launch_switches(extras):
@@ -197,7 +200,7 @@ def _engine_case(variant: str, quantization: str, extras: list[str]) -> dict[str
               quantize_lm_head="head" in extras, kv_cache_dtype="fp8" if "fp8kv" in extras else "auto",
               max_model_len=max(1024, PROMPT_LEN + NEW_TOKENS), max_num_seqs=256,
               max_num_batched_tokens=8192, cuda_graph_batch_sizes=GRAPHS,
-              decode_split="none" if "nosplit" in extras else "static" if "static" in extras else "balanced",
+              decode_split=next((m for x, m in SPLITS.items() if x in extras), "balanced"),
               **ENGINE_OVERRIDES)
     model = llm.core.runner.model
     row: dict[str, Any] = {
