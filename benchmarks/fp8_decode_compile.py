@@ -1,6 +1,5 @@
 """The decode kernels over a bf16 and an E4M3 cache, compiled for sm_90 on this machine: no GPU.
-The flat walk (``TESSEL_DECODE_FLAT=1``) is listed too, with its ``cp.async`` count: whether
-Triton still software-pipelines a loop whose tile changes inside it.
+``cp.async`` counts the K/V (and query) tile loads Triton's software pipeline issues.
 
 Triton compiles to PTX and runs ptxas (both ship in its wheel) for any target, so the code a
 kernel becomes on a Hopper GPU can be read without one. Per variant: registers and spills
@@ -77,11 +76,6 @@ def variants() -> dict[str, tuple[Any, str, dict[str, Any], int, int]]:
             decode._decode_kernel, "fp8e4nv", tc | {"KV_FP8": True, "F16_DOTS": False, "V_WORDS": False}, 4, 3),
         "tensor cores, fp8 cache, V as bytes, fp16 dots": (
             decode._decode_kernel, "fp8e4nv", tc | {"KV_FP8": True, "F16_DOTS": True, "V_WORDS": False}, 4, 3),
-        # TESSEL_DECODE_FLAT=1: the walk pipelined across tiles (same loads, more registers)
-        "flat walk, bf16 cache": (
-            decode._decode_flat_kernel, "bf16", tc | {"KV_FP8": False, "F16_DOTS": False, "V_WORDS": False, "MAX_TILES": 8}, 4, 3),
-        "flat walk, fp8 cache, V as words": (
-            decode._decode_flat_kernel, "fp8e4nv", tc | {"KV_FP8": True, "F16_DOTS": False, "V_WORDS": True, "MAX_TILES": 8}, 4, 3),
     }
 
 

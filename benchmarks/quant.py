@@ -158,11 +158,10 @@ def launch_switches(extras: list[str]) -> Iterator[None]:
     """"+nopdl": programmatic dependent launch off (TESSEL_PDL=0); "+noprefetch": the W8A8 GEMM's
     L2 prefetch of its weight off (TESSEL_PREFETCH_LINES=0); "+gemmpdlall": the GEMM under PDL at
     every M (gemm.PDL_MAX_M lifted); "+f16dots" the fp8 KV cache's decode dots in fp16 (TESSEL_FP8_F16=1);
-    "+vbytes" its V tile read byte by byte as before (TESSEL_FP8_V_WORDS=0); "+flat" decode attention's
-    walk pipelined across tiles (TESSEL_DECODE_FLAT=1). For one engine case; restored after it."""
+    "+vbytes" its V tile read byte by byte as before (TESSEL_FP8_V_WORDS=0). For one engine case; restored after it."""
     switches = {"nopdl": ("TESSEL_PDL", "0"), "noprefetch": ("TESSEL_PREFETCH_LINES", "0"),
                 "gemmpdlall": ("TESSEL_GEMM_PDL_MAX_M", "1000000"), "f16dots": ("TESSEL_FP8_F16", "1"),
-                "vbytes": ("TESSEL_FP8_V_WORDS", "0"), "flat": ("TESSEL_DECODE_FLAT", "1")}
+                "vbytes": ("TESSEL_FP8_V_WORDS", "0")}
     saved = {var: os.environ.get(var) for var, _ in switches.values()}
     for extra in extras:
         if extra in switches:
@@ -177,14 +176,11 @@ def launch_switches(extras: list[str]) -> Iterator[None]:
                 os.environ[var] = value
 
 
-SPLITS = {"nosplit": "none", "static": "static", "autosplit": "auto"}
-
-
 def engine_case(variant: str) -> dict[str, Any]:
     """``variant``: bf16, int8 or fp8, with "+rotation" (quant_rotation=residual_and_down) and/or
     "+head" (quantize_lm_head) appended to a quantized one, e.g. int8+head; "+fp8kv" for an E4M3
-    KV cache (kv_cache_dtype=fp8, any variant); "+nosplit" / "+static" / "+autosplit" for
-    decode attention without split-KV, split FlashDecoding's way or chosen per step (decode_split); "+nopdl" and "+noprefetch" for
+    KV cache (kv_cache_dtype=fp8, any variant); "+nosplit" / "+static" for decode attention
+    without split-KV or split FlashDecoding's way (decode_split); "+nopdl" and "+noprefetch" for
     the launch A/B (launch_switches)."""
     quantization, *extras = variant.split("+")
     with launch_switches(extras):
@@ -200,7 +196,7 @@ def _engine_case(variant: str, quantization: str, extras: list[str]) -> dict[str
               quantize_lm_head="head" in extras, kv_cache_dtype="fp8" if "fp8kv" in extras else "auto",
               max_model_len=max(1024, PROMPT_LEN + NEW_TOKENS), max_num_seqs=256,
               max_num_batched_tokens=8192, cuda_graph_batch_sizes=GRAPHS,
-              decode_split=next((m for x, m in SPLITS.items() if x in extras), "balanced"),
+              decode_split="none" if "nosplit" in extras else "static" if "static" in extras else "balanced",
               **ENGINE_OVERRIDES)
     model = llm.core.runner.model
     row: dict[str, Any] = {

@@ -120,9 +120,8 @@ class EngineConfig(_Frozen):
     overlap_scheduling: bool = True
     """Schedule and prepare step N+1 while step N computes; its decode inputs take N's sampled
     ids on the device. A stopped request wastes at most one step. Off: one step at a time."""
-    decode_split: Literal["balanced", "static", "none", "auto"] = "balanced"
-    """How decode attention splits the KV: balanced tiles, FlashDecoding's static splits, none, or
-    auto (none in steps where whole requests balance as well as tiles, else balanced)."""
+    decode_split: Literal["balanced", "static", "none"] = "balanced"
+    """How decode attention splits the KV: balanced tiles, FlashDecoding's static splits, or none."""
     tensor_parallel_size: int = Field(default=1, ge=1)
     """Processes (one per GPU) the model is split across, Megatron-style; rank 0 schedules, samples
     and serves. Above 1, the other ranks are spawned on this host, or, under torchrun, are the

@@ -171,7 +171,7 @@ def test_stage1_maps_each_placeholder_to_its_previous_row_and_skips_partial_chun
     assert buf.device_view("block_tables").view(3, 2).tolist() == [[4, 0], [1, 6], [5, 0]]
     assert buf.device_view("slot_mapping").tolist() == [4 * 4 + 3, 4, 5, 6, 7, 5 * 4 + 3]
 
-@pytest.mark.parametrize("mode", ["balanced", "static", "none", "auto"])
+@pytest.mark.parametrize("mode", ["balanced", "static", "none"])
 def test_static_plan_layout_is_fixed_by_batch_size(mode: str) -> None:
     """Two different plans of one padded size launch with identical arguments (what a graph
     replays), and the flat array decodes back to the planner's own tiles."""
@@ -200,16 +200,3 @@ def test_static_plan_layout_is_fixed_by_batch_size(mode: str) -> None:
     assert layouts[0] == layouts[1]
     expected = plan_decode_tiles(lens, num_buckets=sp.num_buckets, mode=mode, num_splits=plan.host.req_num_tiles.max())  # type: ignore[arg-type]
     assert expected.num_tiles <= plan.tile_capacity
-
-
-def test_auto_static_plan_switches_walk_within_one_layout() -> None:
-    """auto plans one program per request in one step and packed buckets in the next; a graph
-    captured for the size replays both, so both fit the same offsets and grid."""
-    sp = StaticDecodePlan(16, 8, 2, 64, CPU, DecodeConfig(mode="auto"), max_seq_len=4096)
-    host = np.zeros(sp.size, dtype=np.int32)
-    even = sp.plan(np.full(16, 100, dtype=np.int32), host)
-    ragged = sp.plan(np.array([4000] + [100] * 15, dtype=np.int32), host)
-    assert (even.offsets, even.grid_buckets) == (ragged.offsets, ragged.grid_buckets)
-    assert even.grid_buckets == 16 > sp.num_buckets
-    assert even.host.num_buckets == 16 and (even.host.req_num_tiles == 1).all()
-    assert ragged.host.num_buckets == sp.num_buckets and ragged.host.req_num_tiles[0] > 1

@@ -98,12 +98,10 @@ DECODE_VARIANTS = {"v-words": ("TESSEL_FP8_V_WORDS",), "v-words-f16-dots": ("TES
 @pytest.mark.parametrize("heads", [(2, 2, 64), (8, 2, 128)], ids=lambda h: f"q{h[0]}kv{h[1]}d{h[2]}")
 @pytest.mark.parametrize("mode", ["balanced", "none"])
 @pytest.mark.parametrize("kernel", list(DECODE_VARIANTS))
-@pytest.mark.parametrize("walk", ["tiles", "flat"])
-def test_decode_reads_an_fp8_cache(device: str, heads: tuple[int, int, int], mode: str, kernel: str, walk: str,
+def test_decode_reads_an_fp8_cache(device: str, heads: tuple[int, int, int], mode: str, kernel: str,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     for switch in ("TESSEL_FP8_F16", "TESSEL_FP8_V_WORDS"):
         monkeypatch.setenv(switch, "1" if switch in DECODE_VARIANTS[kernel] else "0")
-    monkeypatch.setenv("TESSEL_DECODE_FLAT", "1" if walk == "flat" else "0")
     hq, hkv, d = heads
     lens = [1, 16, 37, 100, 5] if device == "cpu" else [1, 16, 1000, 4099, 129, 7]
     q, kc, vc, md = _fp8_batch(device, lens, [1] * len(lens), heads)

@@ -69,19 +69,6 @@ def test_plan_keeps_requests_together() -> None:
     assert all(len(set(bucket_of_tile[plan.tile_req == r])) == 1 for r in range(64))
 
 
-def test_auto_plan_takes_whole_requests_only_where_they_balance() -> None:
-    even = plan_decode_tiles(np.full(64, 200), num_buckets=16, mode="auto")
-    assert even.num_buckets == 64 and (even.req_num_tiles == 1).all()  # one program per request
-    one_long = np.full(64, 200)
-    one_long[5] = 4096  # more than a bucket's share: whole requests would leave it on one program
-    packed = plan_decode_tiles(one_long, num_buckets=16, mode="auto")
-    assert packed.num_buckets == 16 and packed.req_num_tiles[5] > 1 and packed.imbalance() < 0.05
-    few = plan_decode_tiles(np.full(8, 200), num_buckets=16, mode="auto")  # fewer requests than buckets
-    assert few.num_buckets == 16 and few.num_tiles > 8
-    for plan, lens in ((even, np.full(64, 200)), (packed, one_long), (few, np.full(8, 200))):
-        assert_covers_exactly(plan, lens, None)
-
-
 def test_plan_is_fast_for_256_requests() -> None:
     rng = np.random.default_rng(0)
     lens = np.clip(rng.lognormal(np.log(1024), 1.0, 256), 1, 65536).astype(np.int64)

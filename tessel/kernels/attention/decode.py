@@ -8,8 +8,7 @@ log-sum-exp for ``merge.py``. An E4M3 cache (``KV_FP8``) is widened to the query
 is loaded: decode is bound by reading the cache, which is then half the bytes of bf16. Its V
 tile is read as 32-bit words (``fp8_words.py``; ``TESSEL_FP8_V_WORDS=0`` reads bytes), and
 ``TESSEL_FP8_F16=1`` runs the dots in fp16 (opt-in: faster alone, not in the engine; see
-``benchmarks/results/fp8_kv_decode_h100.md``). ``TESSEL_DECODE_FLAT=1`` walks a bucket's tiles in
-one pipelined loop (``_decode_flat_kernel``; opt-in until timed).
+``benchmarks/results/fp8_kv_decode_h100.md``).
 """
 
 from __future__ import annotations
@@ -58,57 +57,6 @@ def _decode_configs() -> list[triton.Config]:
     return [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s) for n, w, s in shapes]
 
 
-@triton.jit
-def _program_setup(k_ptr, v_ptr, stride_kh, stride_vh, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr,
-                   GROUP_PAD: tl.constexpr, V_WORDS: tl.constexpr, PDL: tl.constexpr):
-    """This program's KV head (``program_id(1)``): its query heads, their mask, and its rows of
-    K and V (V also as int32 words when read so, see fp8_words.py)."""
-    if PDL:  # see kernels/pdl.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    kvh = tl.program_id(1)
-    offs_g = tl.arange(0, GROUP_PAD)
-    offs_d = tl.arange(0, HEAD_DIM)
-    k_base = k_ptr + kvh * stride_kh + offs_d[None, :]
-    v_base = v_ptr + kvh * stride_vh + offs_d[None, :]
-    if V_WORDS:
-        v_words = v_ptr.to(tl.pointer_type(tl.int32)) + kvh * (stride_vh // 4) + tl.arange(0, HEAD_DIM // 4)[None, :]
-    else:  # unused
-        v_words = v_base
-    return kvh * GROUP + offs_g, offs_g < GROUP, k_base, v_base, v_words
-
-
-@triton.jit
-def _attend_chunk(
-    q, m_i, l_i, acc, table, n0, end, offs_n, k_base, v_base, v_words, stride_kb, stride_ks, stride_vb, stride_vs,
-    qk_scale, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    KV_FP8: tl.constexpr, V_WORDS: tl.constexpr,
-):
-    """Tokens [n0, n0 + BLOCK_N) below ``end`` of one request (block table row ``table``): load K
-    and V through the table and fold them into the online softmax (m_i, l_i, acc)."""
-    pos = n0 + offs_n
-    valid = pos < end
-    blk = tl.load(table + pos // PAGE, mask=valid, other=0).to(tl.int64)
-    off = pos % PAGE
-    k = tl.load(k_base + (blk * stride_kb + off * stride_ks)[:, None], mask=valid[:, None], other=0.0)
-    if V_WORDS:
-        v = load_e4m3_words(v_words + (blk * (stride_vb // 4) + off * (stride_vs // 4))[:, None],
-                            valid[:, None], BLOCK_N, HEAD_DIM, q.dtype)
-    else:
-        v = tl.load(v_base + (blk * stride_vb + off * stride_vs)[:, None], mask=valid[:, None], other=0.0)
-    if KV_FP8:
-        k = k.to(q.dtype)
-        v = v.to(q.dtype)
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    p = tl.exp2(s - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return m_new, l_i, acc
-
-
 @triton.autotune(configs=_decode_configs(), key=["HEAD_DIM", "GROUP_PAD", "PAGE", "F16_DOTS", "V_WORDS"])
 @triton.jit(do_not_specialize=step_varying("stride_bt", "num_tiles", "bucket_off", "first_off", "count_off"))
 def _decode_kernel(
@@ -123,11 +71,20 @@ def _decode_kernel(
     DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, KV_FP8: tl.constexpr = False,
     F16_DOTS: tl.constexpr = False, V_WORDS: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
-    heads, g_mask, k_base, v_base, v_words = _program_setup(
-        k_ptr, v_ptr, stride_kh, stride_vh, HEAD_DIM, GROUP, GROUP_PAD, V_WORDS, PDL)
+    if PDL:  # see kernels/pdl.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    kvh = tl.program_id(1)
     t_lo, t_hi = bucket_tiles(sched_ptr, bucket_off)
+    offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
+    heads = kvh * GROUP + offs_g
+    g_mask = offs_g < GROUP
+    k_base = k_ptr + kvh * stride_kh + offs_d[None, :]
+    v_base = v_ptr + kvh * stride_vh + offs_d[None, :]
+    if V_WORDS:  # see fp8_words.py
+        v_words = v_ptr.to(tl.pointer_type(tl.int32)) + kvh * (stride_vh // 4) + tl.arange(0, HEAD_DIM // 4)[None, :]
     for t in range(t_lo, t_hi):
         req, start, end = tile_span(sched_ptr, t, num_tiles)
         q = tl.load(
@@ -143,83 +100,29 @@ def _decode_kernel(
         acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
         table = block_tables_ptr + req.to(tl.int64) * stride_bt
         for n0 in range(start, end, BLOCK_N):
-            m_i, l_i, acc = _attend_chunk(
-                q, m_i, l_i, acc, table, n0, end, offs_n, k_base, v_base, v_words, stride_kb, stride_ks, stride_vb,
-                stride_vs, qk_scale, HEAD_DIM, PAGE, BLOCK_N, DOT_PRECISION, KV_FP8, V_WORDS)
+            pos = n0 + offs_n
+            valid = pos < end
+            blk = tl.load(table + pos // PAGE, mask=valid, other=0).to(tl.int64)
+            off = pos % PAGE
+            k = tl.load(k_base + (blk * stride_kb + off * stride_ks)[:, None], mask=valid[:, None], other=0.0)
+            if V_WORDS:
+                v = load_e4m3_words(v_words + (blk * (stride_vb // 4) + off * (stride_vs // 4))[:, None],
+                                    valid[:, None], BLOCK_N, HEAD_DIM, q.dtype)
+            else:
+                v = tl.load(v_base + (blk * stride_vb + off * stride_vs)[:, None], mask=valid[:, None], other=0.0)
+            if KV_FP8:
+                k = k.to(q.dtype)
+                v = v.to(q.dtype)
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+            s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.exp2(s - m_new[:, None])
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            m_i = m_new
         store_tile_output(acc / l_i[:, None], m_i + tl.log2(l_i), req, t, heads, g_mask, offs_d, out_ptr,
                           part_out_ptr, part_lse_ptr, sched_ptr, count_off, stride_ot, stride_oh, num_q_heads, HEAD_DIM)
-
-
-@triton.autotune(configs=_decode_configs(), key=["HEAD_DIM", "GROUP_PAD", "PAGE", "F16_DOTS", "V_WORDS"])
-@triton.jit(do_not_specialize=step_varying("stride_bt", "num_tiles", "bucket_off", "first_off", "count_off"))
-def _decode_flat_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_lse_ptr,
-    block_tables_ptr, sched_ptr,
-    qk_scale,
-    stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-    stride_bt,
-    num_tiles, bucket_off, first_off, count_off, num_q_heads,
-    HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, PAGE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, KV_FP8: tl.constexpr = False,
-    F16_DOTS: tl.constexpr = False, V_WORDS: tl.constexpr = False, PDL: tl.constexpr = False,
-    MAX_TILES: tl.constexpr = 8,
-):
-    """``_decode_kernel``'s walk as one loop over the chunks of up to MAX_TILES tiles, so that the
-    software pipeline runs on across request boundaries instead of refilling at each tile (short
-    contexts: a few chunks a tile). Which tile a chunk is in is a function of the loop index
-    alone (a prefix sum over the tiles' chunk counts), so the pipeliner can compute the addresses
-    of chunks ahead. Per-row vectors stand in for scalar conditions: the interpreter mishandles
-    a 0-d operand in a mask. Opt-in (TESSEL_DECODE_FLAT=1) until timed on a GPU."""
-    heads, g_mask, k_base, v_base, v_words = _program_setup(
-        k_ptr, v_ptr, stride_kh, stride_vh, HEAD_DIM, GROUP, GROUP_PAD, V_WORDS, PDL)
-    t_lo, t_hi = bucket_tiles(sched_ptr, bucket_off)
-    offs_g = tl.arange(0, GROUP_PAD)
-    offs_d = tl.arange(0, HEAD_DIM)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_t = tl.arange(0, MAX_TILES)
-    q_dtype = tl.float16 if F16_DOTS else (q_ptr.dtype.element_ty if KV_FP8 else k_ptr.dtype.element_ty)
-    for base in range(t_lo, t_hi, MAX_TILES):
-        tile = base + offs_t
-        in_group = tile < t_hi
-        t_req = tl.load(sched_ptr + tile, mask=in_group, other=0)
-        t_start = tl.load(sched_ptr + num_tiles + tile, mask=in_group, other=0)
-        t_end = tl.load(sched_ptr + 2 * num_tiles + tile, mask=in_group, other=0)
-        t_count = tl.load(sched_ptr + count_off + t_req, mask=in_group, other=1)
-        chunks = tl.where(in_group, (t_end - t_start + BLOCK_N - 1) // BLOCK_N, 0)
-        chunk_end = tl.cumsum(chunks, 0)
-        chunk_first = chunk_end - chunks
-        q = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=q_dtype)
-        m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        l_i = tl.zeros([GROUP_PAD], tl.float32)
-        acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-        for it in range(tl.sum(chunks, 0)):
-            sel = (it >= chunk_first) & (it < chunk_end)  # one-hot: the chunk's tile
-            req = tl.sum(tl.where(sel, t_req, 0), 0)
-            c0 = tl.sum(tl.where(sel, chunk_first, 0), 0)
-            row_it = offs_g * 0 + it
-            first = row_it == c0
-            last = row_it == tl.sum(tl.where(sel, chunk_end, 0), 0) - 1
-            q_new = tl.load(q_ptr + req * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                            mask=(g_mask & first)[:, None], other=0.0)
-            if F16_DOTS:
-                q_new = tl.clamp(q_new.to(tl.float32), -65504.0, 65504.0)
-            q = tl.where(first[:, None], q_new.to(q_dtype), q)
-            m_i = tl.where(first, float("-inf"), m_i)  # a new tile: its rescale factor zeroes l_i and acc
-            m_i, l_i, acc = _attend_chunk(
-                q, m_i, l_i, acc, block_tables_ptr + req.to(tl.int64) * stride_bt,
-                tl.sum(tl.where(sel, t_start, 0), 0) + (it - c0) * BLOCK_N, tl.sum(tl.where(sel, t_end, 0), 0),
-                offs_n, k_base, v_base, v_words, stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
-                HEAD_DIM, PAGE, BLOCK_N, DOT_PRECISION, KV_FP8, V_WORDS)
-            t = base + tl.sum(tl.where(sel, offs_t, 0), 0)
-            whole = (offs_g * 0 + tl.sum(tl.where(sel, t_count, 0), 0)) == 1
-            o = acc / l_i[:, None]
-            tl.store(out_ptr + req * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
-                     o.to(out_ptr.dtype.element_ty), mask=(g_mask & last & whole)[:, None])
-            row = t * num_q_heads + heads
-            part = g_mask & last & ~whole
-            tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=part[:, None])
-            tl.store(part_lse_ptr + row, m_i + tl.log2(l_i), mask=part)
 
 
 def paged_decode(
@@ -241,8 +144,7 @@ def paged_decode(
     c, bucket_off, first_off, count_off = plan.offsets
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     grid = (plan.grid_buckets, num_kv_heads)
-    kernel = _decode_flat_kernel if os.environ.get("TESSEL_DECODE_FLAT") == "1" else _decode_kernel
-    kernel[grid](
+    _decode_kernel[grid](
         q, k_cache, v_cache, out, plan.part_out, plan.part_lse, block_tables, plan.sched,
         scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),

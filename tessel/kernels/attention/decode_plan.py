@@ -22,7 +22,7 @@ from tessel.kernels.attention.plan import (
 class DecodeConfig:
     """How decode attention splits the KV (the comparison variants live in the same code)."""
 
-    mode: SplitMode = "balanced"  # balanced | static (FlashDecoding) | none | auto (none or balanced per step)
+    mode: SplitMode = "balanced"  # balanced | static (FlashDecoding) | none
     tile_size: int = 128  # T: most cached tokens per tile (balanced)
     waves: int = 4  # balanced grid = waves x SM count programs (H200 sweep: 4 beat 1, 2 and 8)
     num_splits: int | None = None  # static: splits per request; None picks FlashDecoding's heuristic
@@ -168,11 +168,9 @@ class StaticDecodePlan:
     def layout(self, batch: int) -> tuple[int, int]:
         """(tile capacity, grid buckets) of a step of ``batch`` requests."""
         cfg = self.config
-        if cfg.mode in ("balanced", "auto"):
-            # auto: a step may plan either way, so the grid covers one program per request too
+        if cfg.mode == "balanced":
             per_req = 1 if cfg.coalesce else self.max_tiles_per_req
-            grid = max(self.num_buckets, batch) if cfg.mode == "auto" else self.num_buckets
-            return batch * per_req + self.num_buckets, grid
+            return batch * per_req + self.num_buckets, self.num_buckets
         if cfg.mode == "static":
             c = batch * (cfg.num_splits or static_num_splits(batch, self.num_kv_heads, self.sms))
             return c, c

@@ -21,7 +21,7 @@ from typing import Literal
 
 import numpy as np
 
-SplitMode = Literal["balanced", "static", "none", "auto"]
+SplitMode = Literal["balanced", "static", "none"]
 
 # Per-tile fixed cost in token-equivalents: loading the query group, the loop prologue and
 # writing a partial output (G x D fp32 + lse) against T tokens of K and V (2 x T x D x 2 bytes).
@@ -86,7 +86,6 @@ def plan_decode_tiles(
     ``balanced``: tiles of <= tile_size tokens packed onto ``num_buckets`` buckets.
     ``static``: ``num_splits`` equal ranges per request, one bucket each (FlashDecoding).
     ``none``: one tile per request, one bucket each.
-    ``auto``: ``none`` where it loses no balance (``whole_requests_balance``), else ``balanced``.
     ``coalesce``: emit each bucket's consecutive tiles of one request as a single run, so the
     kernel streams it in one pipelined loop (the balance is the same; only the T-granular
     tile boundaries that no bucket cut falls on disappear).
@@ -96,8 +95,6 @@ def plan_decode_tiles(
         raise ValueError("seq_lens must all be >= 1 for decode")
     if tile_size < 1 or num_buckets < 1 or num_splits < 1:
         raise ValueError("tile_size, num_buckets and num_splits must be >= 1")
-    if mode == "auto":
-        mode = "none" if whole_requests_balance(lens, num_buckets) else "balanced"
     if mode == "balanced":
         return _plan_balanced(lens, num_buckets, tile_size, tile_overhead, coalesce)
     if mode == "static":
@@ -105,14 +102,6 @@ def plan_decode_tiles(
     if mode == "none":
         return _plan_static(lens, 1, tile_overhead)
     raise ValueError(f"unknown split mode {mode!r}; expected balanced, static or none")
-
-
-def whole_requests_balance(lens: np.ndarray, num_buckets: int) -> bool:
-    """Whether one program per request balances as well as the packed buckets: there are at least
-    as many requests as buckets and none holds more than a bucket's share of the tokens. Then
-    packing only strings several short requests into one program's sequential walk, where
-    separate programs run side by side on an SM and hide each other's load latency."""
-    return lens.size >= num_buckets and int(lens.max()) * num_buckets <= int(lens.sum())
 
 
 def _plan_static(lens: np.ndarray, num_splits: int, overhead: int) -> TilePlan:
