@@ -8,7 +8,9 @@
 #                                            # (int8, fp8), then the engine with the sweep's winners pinned
 #   VARIANTS="bf16 int8 int8+nosplit" bash benchmarks/run_gpu_quant.sh engine
 #                                            # the engine table alone for these variants (quant.py engine_case);
-#                                            # TESTS=1 runs the decode attention GPU tests first
+#                                            # TESTS=1 runs the decode attention GPU tests first; ISOLATE=1 runs
+#                                            # each variant in its own process (autotuned tiles, e.g. decode
+#                                            # attention's, are otherwise the first variant's: decode_walks_h100.md)
 WHAT=${1:-all}
 set -uo pipefail
 source benchmarks/gpu_env.sh
@@ -29,6 +31,14 @@ fi
 if [ "$WHAT" = engine ]; then
   [ "${TESTS:-0}" = 1 ] && timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider -m gpu \
     tests/kernels/test_attention.py tests/kernels/test_fp8_kv_cache.py 2>&1 | tail -3
+  if [ "${ISOLATE:-0}" = 1 ]; then
+    for v in ${VARIANTS:-bf16 int8}; do
+      timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/quant.py --skip-gemm --variants "$v" --budget-s ${BUDGET:-280} \
+        --out "$OUT/quant_$v.md" > "$OUT/quant_$v.log" 2>&1 || tail -20 "$OUT/quant_$v.log"
+      grep -F "| $v |" "$OUT/quant_$v.md" | head -1
+    done
+    exit 0
+  fi
   timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/quant.py --skip-gemm --variants ${VARIANTS:-bf16 int8} \
     --budget-s ${BUDGET:-280} --out "$OUT/quant.md" > "$OUT/quant.log" 2>&1 || tail -20 "$OUT/quant.log"
   grep -E "^\| (variant|bf16|int8|fp8)" "$OUT/quant.md"
