@@ -33,9 +33,10 @@ if [ "$WHAT" = engine ]; then
     tests/kernels/test_attention.py tests/kernels/test_fp8_kv_cache.py 2>&1 | tail -3
   if [ "${ISOLATE:-0}" = 1 ]; then
     for v in ${VARIANTS:-bf16 int8}; do
+      f="$OUT/quant_${v//+/_}"  # no '+' in the names of files that come back
       timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/quant.py --skip-gemm --variants "$v" --budget-s ${BUDGET:-280} \
-        --out "$OUT/quant_$v.md" > "$OUT/quant_$v.log" 2>&1 || tail -20 "$OUT/quant_$v.log"
-      grep -F "| $v |" "$OUT/quant_$v.md" | head -1
+        --out "$f.md" > "$f.log" 2>&1 || tail -20 "$f.log"
+      grep -F "| $v |" "$f.md" | head -1
     done
     exit 0
   fi
