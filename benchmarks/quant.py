@@ -158,10 +158,11 @@ def launch_switches(extras: list[str]) -> Iterator[None]:
     """"+nopdl": programmatic dependent launch off (TESSEL_PDL=0); "+noprefetch": the W8A8 GEMM's
     L2 prefetch of its weight off (TESSEL_PREFETCH_LINES=0); "+gemmpdlall": the GEMM under PDL at
     every M (gemm.PDL_MAX_M lifted); "+f16dots" the fp8 KV cache's decode dots in fp16 (TESSEL_FP8_F16=1);
-    "+vbytes" its V tile read byte by byte as before (TESSEL_FP8_V_WORDS=0). For one engine case; restored after it."""
+    "+vbytes" its V tile read byte by byte as before (TESSEL_FP8_V_WORDS=0); "+hnd" the KV cache stored
+    head-major per block (TESSEL_KV_LAYOUT=hnd). For one engine case; restored after it."""
     switches = {"nopdl": ("TESSEL_PDL", "0"), "noprefetch": ("TESSEL_PREFETCH_LINES", "0"),
                 "gemmpdlall": ("TESSEL_GEMM_PDL_MAX_M", "1000000"), "f16dots": ("TESSEL_FP8_F16", "1"),
-                "vbytes": ("TESSEL_FP8_V_WORDS", "0")}
+                "vbytes": ("TESSEL_FP8_V_WORDS", "0"), "hnd": ("TESSEL_KV_LAYOUT", "hnd")}
     saved = {var: os.environ.get(var) for var, _ in switches.values()}
     for extra in extras:
         if extra in switches:
@@ -181,10 +182,36 @@ def engine_case(variant: str) -> dict[str, Any]:
     "+head" (quantize_lm_head) appended to a quantized one, e.g. int8+head; "+fp8kv" for an E4M3
     KV cache (kv_cache_dtype=fp8, any variant); "+nosplit" / "+static" for decode attention
     without split-KV or split FlashDecoding's way (decode_split); "+nopdl" and "+noprefetch" for
-    the launch A/B (launch_switches)."""
+    the launch A/B (launch_switches); "+tileN.W.S.R.V" pins decode attention's tile (BLOCK_N,
+    warps, stages, maxnreg or 0) and its plan's waves (decode_tile)."""
     quantization, *extras = variant.split("+")
-    with launch_switches(extras):
+    with launch_switches(extras), decode_tile(extras):
         return _engine_case(variant, quantization, extras)
+
+
+@contextmanager
+def decode_tile(extras: list[str]) -> Iterator[None]:
+    """"+tile32.4.6.96.6": decode attention runs that one tile config (no autotuning) on a plan
+    of 6 waves (``benchmarks/decode_occupancy.py`` writes its best as such a string)."""
+    spec = next((e[4:] for e in extras if e.startswith("tile")), None)
+    if spec is None:
+        yield
+        return
+    from tessel.engine import shard_setup
+    from tessel.kernels.attention import decode as decode_mod
+
+    bn, warps, stages, maxnreg, waves = (int(v) for v in spec.split("."))
+    kernel, plan_config = decode_mod._decode_kernel, shard_setup.DecodeConfig
+    saved = kernel.configs  # type: ignore[attr-defined]
+    kernel.configs = [triton.Config({"BLOCK_N": bn}, num_warps=warps, num_stages=stages,  # type: ignore[attr-defined]
+                                    maxnreg=maxnreg or None)]
+    kernel.cache = {}  # type: ignore[attr-defined]
+    shard_setup.DecodeConfig = lambda **kw: plan_config(**kw, waves=waves)  # type: ignore[assignment,misc]
+    try:
+        yield
+    finally:
+        kernel.configs, kernel.cache = saved, {}  # type: ignore[attr-defined]
+        shard_setup.DecodeConfig = plan_config  # type: ignore[misc]
 
 
 def _engine_case(variant: str, quantization: str, extras: list[str]) -> dict[str, Any]:
@@ -220,6 +247,7 @@ def _engine_case(variant: str, quantization: str, extras: list[str]) -> dict[str
                        SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True))[0]
     t = one.metrics.token_times  # type: ignore[union-attr]
     row["b1_ms_per_token"] = 1e3 * (t[-1] - t[0]) / (len(t) - 1)
+    row["b1_tokens"] = one.outputs[0].token_ids[:24]  # greedy: equal across variants that only move data
     row["graph_steps"] = llm.core.stats().cuda_graph_steps_total
     print(row, flush=True)
     del llm, model

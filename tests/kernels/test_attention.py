@@ -140,3 +140,34 @@ def test_merge_combines_many_partials(device: str, counts: list[int]) -> None:
         w = torch.softmax(part_lse[f : f + c].double() * np.log(2), dim=0)  # lse is in log2 units
         expected = (w[..., None] * part_out[f : f + c].double()).sum(0)
         torch.testing.assert_close(got[r].cpu().double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def _head_major(cache: torch.Tensor) -> torch.Tensor:
+    """The same [blocks, page, heads, D] values stored [blocks, heads, page, D] (TESSEL_KV_LAYOUT=hnd)."""
+    return cache.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def test_kernels_read_and_write_a_head_major_cache(device: str) -> None:
+    """The kernels take the cache's strides: decode, prefill and the KV write give the same
+    values over a head-major copy of the cache as over the token-major one."""
+    from tessel.kernels.kv_store import store_kv
+
+    dtype = _dtype(device, torch.float32)
+    q, kc, vc, md = make_batch([37, 70, 16], [1, 1, 1], num_q_heads=8, num_kv_heads=2, head_dim=64,
+                               block_size=16, dtype=dtype, device=device)
+    plan = build_decode_plan(md.seq_lens, 8, 2, 64, q.device, DecodeConfig(tile_size=32))
+    hk, hv = _head_major(kc), _head_major(vc)
+    assert hk.shape == kc.shape and hk.stride(1) == 64
+    torch.testing.assert_close(paged_decode(q, hk, hv, md.block_tables, plan, 0.125),
+                               paged_decode(q, kc, vc, md.block_tables, plan, 0.125), equal_nan=True)
+    q, kc, vc, md = make_batch([37, 80], [5, 33], num_q_heads=8, num_kv_heads=2, head_dim=64,
+                               block_size=16, dtype=dtype, device=device)
+    torch.testing.assert_close(paged_prefill(q, _head_major(kc), _head_major(vc), md, 0.125),
+                               paged_prefill(q, kc, vc, md, 0.125))
+    k, v = torch.randn(2, 3, 2, 64, device=device).to(dtype)
+    slots = torch.tensor([5, 40, 17], device=device)
+    hk, hv = _head_major(kc), _head_major(vc)
+    store_kv(k, v, kc, vc, slots)
+    store_kv(k, v, hk, hv, slots)
+    torch.testing.assert_close(hk, kc, equal_nan=True)
+    torch.testing.assert_close(hv, vc, equal_nan=True)
