@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Issue 7, batch 256: the KV cache head-major per block (HND) against token-major (NHD): decode attention
-# alone (benchmarks/kv_layout.py), then the engine table each way (TESSEL_KV_LAYOUT=hnd), each variant in
-# its own process; the b=1 greedy tokens of each engine case are printed to check the layouts agree.
-#   bash benchmarks/run_gpu_kv_layout.sh   (~8 min on an H100)
+# Issue 7, batch 256: decode attention over the KV cache stored head-major per block (HND) against
+# token-major (NHD), benchmarks/kv_layout.py; then any engine variants of benchmarks/quant.py, each in
+# its own process, with the b=1 greedy tokens printed. (The engine's HND opt-in, TESSEL_KV_LAYOUT=hnd with
+# the "+hnd" variant, is at commit 736c041: results/kv_layout_h100.md.)
+#   bash benchmarks/run_gpu_kv_layout.sh   (~2.5 min on an H100)   VARIANTS="bf16 int8+fp8kv" for the engine too
 set -uo pipefail
 source benchmarks/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -11,7 +12,7 @@ if [ "${MICRO:-1}" = 1 ]; then
     > "$OUT/kv_layout.log" 2>&1 || tail -5 "$OUT/kv_layout.log"
   cut -d'|' -f2-10 "$OUT/kv_layout.md" | grep -v "^---" | head -16
 fi
-for v in ${VARIANTS:-int8+fp8kv+hnd int8+fp8kv bf16 bf16+hnd}; do
+for v in ${VARIANTS:-}; do
   f="$OUT/quant_$(echo "$v" | tr '+.' '__')"
   timeout ${BENCH_TIMEOUT:-120} python3 benchmarks/quant.py --skip-gemm --profile-batch ${PROFILE:-0} --variants "$v" \
     --budget-s 110 --out "$f.md" > "$f.log" 2>&1 || tail -5 "$f.log"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -28,16 +27,6 @@ def kv_bytes_per_block(arch: ModelArch, block_size: int, dtype: torch.dtype, tp:
     elem = torch.empty((), dtype=dtype).element_size()
     kv_heads = tp.kv_heads(arch.num_key_value_heads)[0]
     return 2 * arch.num_hidden_layers * block_size * kv_heads * arch.head_dim * elem
-
-
-def _kv_cache(shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """One layer's K or V cache, [blocks, page, KV heads, D]. ``TESSEL_KV_LAYOUT=hnd`` (CUDA only:
-    the Triton kernels take strides, the CPU path views the cache flat) stores each block head-major,
-    so a KV head's page is one run (benchmarks/kv_layout.py)."""
-    if device.type == "cuda" and os.environ.get("TESSEL_KV_LAYOUT", "nhd").lower() == "hnd":
-        blocks, page, heads, dim = shape
-        return torch.zeros((blocks, heads, page, dim), dtype=dtype, device=device).transpose(1, 2)
-    return torch.zeros(shape, dtype=dtype, device=device)
 
 
 @dataclass(frozen=True)
@@ -76,7 +65,8 @@ class ModelRunner:
         shape = (num_blocks, block_size, tp.kv_heads(arch.num_key_value_heads)[0], arch.head_dim)
         kv_dtype = kv_dtype or dtype
         self.kv_caches = [
-            (_kv_cache(shape, kv_dtype, device), _kv_cache(shape, kv_dtype, device)) for _ in range(arch.num_hidden_layers)
+            (torch.zeros(shape, dtype=kv_dtype, device=device), torch.zeros(shape, dtype=kv_dtype, device=device))
+            for _ in range(arch.num_hidden_layers)
         ]
         self.sampler = Sampler(seed)
         self.pipeline = StepPipeline(
