@@ -34,6 +34,7 @@ from tessel.kernels.attention.decode_warps import decode_warps_kernel
 from tessel.kernels.attention.fp8_words import can_read_words, load_e4m3_words
 from tessel.kernels.attention.merge import (
     bucket_tiles,
+    load_query_group,
     merge_partials,
     store_tile_output,
     tile_span,
@@ -89,14 +90,7 @@ def _decode_kernel(
         v_words = v_ptr.to(tl.pointer_type(tl.int32)) + kvh * (stride_vh // 4) + tl.arange(0, HEAD_DIM // 4)[None, :]
     for t in range(t_lo, t_hi):
         req, start, end = tile_span(sched_ptr, t, num_tiles)
-        q = tl.load(
-            q_ptr + req * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-            mask=g_mask[:, None], other=0.0,
-        )
-        if not KV_FP8:
-            q = q.to(k_ptr.dtype.element_ty)
-        elif F16_DOTS:
-            q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+        q = load_query_group(q_ptr, k_ptr, req, heads, g_mask, offs_d, stride_qt, stride_qh, KV_FP8, F16_DOTS)
         m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
         l_i = tl.zeros([GROUP_PAD], tl.float32)
         acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)

@@ -21,7 +21,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tessel.kernels.attention.merge import bucket_tiles, store_tile_output, tile_span
+from tessel.kernels.attention.merge import (
+    bucket_tiles,
+    load_query_group,
+    store_tile_output,
+    tile_span,
+)
 from tessel.kernels.autotune import autotune_enabled
 from tessel.kernels.specialization import step_varying
 
@@ -64,12 +69,7 @@ def decode_warps_kernel(
     v_base = v_ptr + kvh * stride_vh + offs_d[None, None, :]
     for t in range(t_lo, t_hi):
         req, start, end = tile_span(sched_ptr, t, num_tiles)
-        q = tl.load(q_ptr + req * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                    mask=g_mask[:, None], other=0.0)
-        if not KV_FP8:
-            q = q.to(k_ptr.dtype.element_ty)
-        elif F16_DOTS:
-            q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+        q = load_query_group(q_ptr, k_ptr, req, heads, g_mask, offs_d, stride_qt, stride_qh, KV_FP8, F16_DOTS)
         qs = tl.broadcast_to(q[None, :, :], (SPLIT, GROUP_PAD, HEAD_DIM))
         # -1e30, not -inf: a warp whose chunk holds no valid token keeps alpha = 1 and p = 0
         m_i = tl.full([SPLIT, GROUP_PAD], -1e30, tl.float32)

@@ -1,5 +1,6 @@
-"""The decode schedule's device side: which tiles a program walks, where a tile's output goes, and
-the merge of a request's partial outputs by their log-sum-exp (split-KV reduce)."""
+"""The decode schedule's device side: which tiles a program walks, the query heads they serve,
+where a tile's output goes, and the merge of a request's partial outputs by their log-sum-exp
+(split-KV reduce)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,19 @@ def bucket_tiles(sched_ptr, bucket_off):
 def tile_span(sched_ptr, t, num_tiles):
     """Tile ``t``: its request and the [start, end) of that request's tokens it covers."""
     return tl.load(sched_ptr + t), tl.load(sched_ptr + num_tiles + t), tl.load(sched_ptr + 2 * num_tiles + t)
+
+
+@triton.jit
+def load_query_group(q_ptr, k_ptr, req, heads, g_mask, offs_d, stride_qt, stride_qh,
+                     KV_FP8: tl.constexpr, F16_DOTS: tl.constexpr):
+    """A request's query heads of one KV head, [G, D], in the dots' dtype: the cache's, or the
+    query's own over an E4M3 cache (widened to it), or fp16 (clamped to its range) with F16_DOTS."""
+    q = tl.load(q_ptr + req * stride_qt + heads[:, None] * stride_qh + offs_d[None, :], mask=g_mask[:, None], other=0.0)
+    if not KV_FP8:
+        q = q.to(k_ptr.dtype.element_ty)
+    elif F16_DOTS:
+        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+    return q
 
 
 @triton.jit
