@@ -10,7 +10,7 @@ instructions, not by memory.
 Here the tile is ``[SPLIT, BLOCK_N]`` tokens and the dots are batched over SPLIT (one warp
 each), FlashDecoding's split inside the program: each warp keeps its own online softmax over its
 chunks of the range, and the SPLIT states are combined once per range, not once per tile.
-Compiled for sm_90 (``benchmarks/decode_warps_compile.py``) that is 2 barriers a tile and 36-50
+Compiled for sm_90 (``benchmarks/decode_warps_compile.py``) that is 2 barriers a tile and 36-57
 instructions per token and warp over an E4M3 cache, at the price of ~255 registers (2 programs of
 4 warps an SM against 4). Whether that is faster is for the GPU to say; until timed it is off.
 V is read byte by byte (no ``fp8_words`` path).
