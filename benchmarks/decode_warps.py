@@ -26,12 +26,16 @@ from tessel.kernels.attention.decode import DecodeConfig, build_decode_plan
 
 CASES = {"b=256 x 140 (engine)": np.full(256, 140), "b=256 x 512": np.full(256, 512), "b=64 x 4K": np.full(64, 4096)}
 WALK = [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s) for n, w, s in ((32, 4, 6), (128, 4, 3))]
-SPLIT = decode_warps.tile_configs(tuned=True)
+# the split's tiles, and two capped at 168 registers (3 programs of 4 warps or 6 of 2 an SM,
+# 72-112 B spilled when compiled for sm_90; uncapped they take 255: decode_warps_compile_cpu.md)
+SPLIT = decode_warps.tile_configs(tuned=True) + [
+    triton.Config({"BLOCK_N": 16, "SPLIT": s}, num_warps=s, num_stages=4, maxnreg=168) for s in (4, 2)]
 
 
 def label(warps: bool, c: triton.Config) -> str:
     n, w, s = c.kwargs["BLOCK_N"], c.num_warps, c.num_stages
-    return f"split {c.kwargs['SPLIT']}x{n}/{w}/{s}" if warps else f"walk {n}/{w}/{s}"
+    cap = f" r{c.maxnreg}" if c.maxnreg else ""
+    return (f"split {c.kwargs['SPLIT']}x{n}/{w}/{s}" if warps else f"walk {n}/{w}/{s}") + cap
 
 
 def main() -> None:
