@@ -32,9 +32,9 @@ CACHES = {"bf16": ("bf16", {"KV_FP8": False, "F16_DOTS": False}),
           "fp8, fp16 dots": ("fp8e4nv", {"KV_FP8": True, "F16_DOTS": True})}
 # (label, kernel, extra constexprs, warps, stages, tokens a tile)
 KERNELS = [("tile walk 32/4/6 (default)", decode._decode_kernel, {"BLOCK_N": 32, "V_WORDS": True}, 4, 6, 32),
-           ("warp split 4x16/4/4", decode_warps.decode_warps_kernel, {"BLOCK_N": 16, "SPLIT": 4}, 4, 4, 64),
-           ("warp split 4x32/4/3", decode_warps.decode_warps_kernel, {"BLOCK_N": 32, "SPLIT": 4}, 4, 3, 128),
-           ("warp split 2x16/2/4", decode_warps.decode_warps_kernel, {"BLOCK_N": 16, "SPLIT": 2}, 2, 4, 32)]
+           ("warp split 4x16/4/4", decode_warps.decode_warps_kernel, {"BLOCK_N": 16, "SPLIT": 4, "V_WORDS": True}, 4, 4, 64),
+           ("warp split 4x32/4/3", decode_warps.decode_warps_kernel, {"BLOCK_N": 32, "SPLIT": 4, "V_WORDS": True}, 4, 3, 128),
+           ("warp split 2x16/2/4", decode_warps.decode_warps_kernel, {"BLOCK_N": 16, "SPLIT": 2, "V_WORDS": True}, 2, 4, 32)]
 
 
 def inner_loop(sass: list[str]) -> list[str]:

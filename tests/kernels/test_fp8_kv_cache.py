@@ -92,8 +92,9 @@ def _tol(q: torch.Tensor) -> dict[str, float]:
 
 # which switches each variant turns on (TESSEL_FP8_F16 takes a bf16 query, so acts on CUDA only)
 DECODE_VARIANTS = {"v-words": ("TESSEL_FP8_V_WORDS",), "v-words-f16-dots": ("TESSEL_FP8_V_WORDS", "TESSEL_FP8_F16"),
-                   "v-bytes": (), "v-bytes-f16-dots": ("TESSEL_FP8_F16",), "warps": ("TESSEL_DECODE_WARPS",),
-                   "warps-f16-dots": ("TESSEL_DECODE_WARPS", "TESSEL_FP8_F16")}
+                   "v-bytes": (), "v-bytes-f16-dots": ("TESSEL_FP8_F16",), "warps": ("TESSEL_DECODE_WARPS", "TESSEL_FP8_V_WORDS"),
+                   "warps-v-bytes": ("TESSEL_DECODE_WARPS",),
+                   "warps-f16-dots": ("TESSEL_DECODE_WARPS", "TESSEL_FP8_V_WORDS", "TESSEL_FP8_F16")}
 
 
 @pytest.mark.parametrize("heads", [(2, 2, 64), (8, 2, 128)], ids=lambda h: f"q{h[0]}kv{h[1]}d{h[2]}")
