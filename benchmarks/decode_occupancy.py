@@ -53,9 +53,17 @@ def label(t: tuple[int, int, int, int]) -> str:
     return "/".join(str(v) for v in t[:3]) + (f" r{t[3]}" if t[3] else "")
 
 
-def layer_fn(batch, dtype, plan):  # type: ignore[no-untyped-def]
-    """All LAYERS layers' decode attention, each over its own copy of the cache."""
-    caches = [(batch.k_cache.to(dtype).clone(), batch.v_cache.to(dtype).clone()) for _ in range(LAYERS)]
+def as_layout(cache: torch.Tensor, dtype: torch.dtype, layout: str = "NHD") -> torch.Tensor:
+    """A copy of ``cache`` [blocks, page, heads, D] in ``dtype``, stored NHD (as the engine does) or
+    HND (each block head-major: the same shape over transposed strides, ``kv_layout.py``)."""
+    if layout == "NHD":
+        return cache.to(dtype).clone()  # a copy per layer even where dtype is the cache's own
+    return cache.to(dtype).transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def layer_fn(batch, dtype, plan, layout="NHD"):  # type: ignore[no-untyped-def]
+    """All LAYERS layers' decode attention, each over its own copy of the cache; (run, out)."""
+    caches = [(as_layout(batch.k_cache, dtype, layout), as_layout(batch.v_cache, dtype, layout)) for _ in range(LAYERS)]
     out = torch.empty_like(batch.q)
 
     def run() -> None:

@@ -25,11 +25,11 @@ import torch
 import triton
 
 from benchmarks.attention import HKV, HQ, D, bench_graph, copy_bandwidth, make_decode_batch
+from benchmarks.decode_occupancy import LAYERS, layer_fn
 from benchmarks.report import emit
 from tessel.kernels.attention import decode as decode_mod
-from tessel.kernels.attention.decode import DecodeConfig, build_decode_plan, paged_decode
+from tessel.kernels.attention.decode import DecodeConfig, build_decode_plan
 
-LAYERS = 8
 CASES = {
     "b=256 x 140 (engine)": np.full(256, 140),
     "b=256 x 512": np.full(256, 512),
@@ -39,24 +39,6 @@ CASES = {
 }
 TILES = [(32, 4, 6), (32, 4, 4), (64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3)]  # BLOCK_N, warps, stages
 VARIANTS = {"bf16": (torch.bfloat16, "0"), "fp8": (torch.float8_e4m3fn, "0"), "fp8 f16 dots": (torch.float8_e4m3fn, "1")}
-
-
-def as_layout(cache: torch.Tensor, dtype: torch.dtype, layout: str) -> torch.Tensor:
-    """``cache`` [blocks, page, heads, D] in ``dtype``, stored NHD or HND (same shape, other strides)."""
-    if layout == "NHD":
-        return cache.to(dtype).clone()  # a copy per layer even where dtype is the cache's own
-    return cache.to(dtype).transpose(1, 2).contiguous().transpose(1, 2)
-
-
-def layer_fn(batch, dtype, layout, plan):  # type: ignore[no-untyped-def]
-    """All LAYERS layers' decode attention, each over its own copy of the cache."""
-    caches = [(as_layout(batch.k_cache, dtype, layout), as_layout(batch.v_cache, dtype, layout)) for _ in range(LAYERS)]
-    out = torch.empty_like(batch.q)
-
-    def run() -> None:
-        for k, v in caches:
-            paged_decode(batch.q, k, v, batch.tables, plan, D**-0.5, out)
-    return run, out
 
 
 def main() -> None:
@@ -80,7 +62,7 @@ def main() -> None:
             times: dict[str, list[float]] = {}
             outs: dict[str, torch.Tensor] = {}
             for layout in ("NHD", "HND"):
-                run, out = layer_fn(batch, dtype, layout, plan)
+                run, out = layer_fn(batch, dtype, plan, layout)
                 times[layout] = []
                 for n, w, s in TILES:
                     if time.perf_counter() - start > args.budget_s:

@@ -55,7 +55,8 @@ def decode_warps_kernel(
     DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, KV_FP8: tl.constexpr = False,
     F16_DOTS: tl.constexpr = False, V_WORDS: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
-    """The arguments of ``decode._decode_kernel``."""
+    """The arguments of ``decode._decode_kernel``, repeated: a Triton kernel's parameters cannot be
+    shared, and ``paged_decode`` launches either kernel with the same call."""
     if PDL:  # see kernels/pdl.py
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
