@@ -6,7 +6,8 @@ points: too wide to tell 96% from the issue's 97%. This scores the same variants
 and over ``tests/data/kjv_ruth_jonah.txt`` (4,953 tokens, +-0.5 points), each against the float32
 model on the same text, and can repeat the rotated variants over rotation seeds.
 
-    PYTHONPATH=. python3 benchmarks/quant_accuracy.py [--variants a,b] [--rotation-seeds 0-7] [--out FILE]
+    PYTHONPATH=. python3 benchmarks/quant_accuracy.py [--variants a,b] [--rotation-seeds 0-7]
+        [--float weights|activations] [--out FILE]
 """
 
 from __future__ import annotations
@@ -19,10 +20,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import torch
+
 from benchmarks.report import emit
 from tessel.engine import LLM, SamplingParams
 from tessel.engine.models.layers.quantization import config as quant_config
 from tessel.engine.models.layers.quantization import convert, rotation
+from tessel.engine.models.layers.quantization.w8a8 import W8A8LinearMethod
+from tessel.kernels.quant import reference as quant_reference
+from tessel.kernels.quant.types import QuantizedTensor
 
 DATA = Path(__file__).parents[1] / "tests" / "data"
 TEXTS = {"test text": DATA / "public_domain.txt", "Ruth + Jonah": DATA / "kjv_ruth_jonah.txt"}
@@ -66,6 +72,42 @@ def rotation_seed(seed: int) -> Iterator[None]:
         convert.rotate_residual, convert.rotate_down_input = saved
 
 
+@contextlib.contextmanager
+def float_part(part: str | None) -> Iterator[None]:
+    """Keep every W8A8 layer's ``weights`` or ``activations`` in float32, so the other part alone
+    is 8-bit: which of the two costs the agreement. ``weights`` keeps the weight as it was before
+    rounding (after rotation and smoothing), so it says nothing of GPTQ. None: as shipped."""
+    if part is None:
+        yield
+        return
+    saved = W8A8LinearMethod.process_weights_after_loading, W8A8LinearMethod.apply, W8A8LinearMethod.input_quant
+
+    def process(self: W8A8LinearMethod, layer: torch.nn.Module) -> None:
+        layer.float_weight = layer.get_parameter("weight").data.float().clone()
+        saved[0](self, layer)
+
+    def apply(self: W8A8LinearMethod, layer: torch.nn.Module, x: object, bias: torch.Tensor | None) -> torch.Tensor:
+        if part == "weights":
+            xq = x if isinstance(x, QuantizedTensor) else quant_reference.quantize_rows(x, self.qdtype)  # type: ignore[arg-type]
+            xf, w = xq.data.float() * xq.scale, layer.float_weight
+        else:
+            assert isinstance(x, torch.Tensor)
+            xf = x.reshape(-1, x.shape[-1]).float()
+            w = layer.get_parameter("weight").data.float() * layer.get_parameter("weight_scale").data
+        out = xf @ w.T + (0 if bias is None else bias.float())
+        return out.to(torch.float32).view(*x.shape[:-1], out.shape[-1])  # type: ignore[attr-defined]
+
+    W8A8LinearMethod.process_weights_after_loading = process  # type: ignore[method-assign]
+    W8A8LinearMethod.apply = apply  # type: ignore[method-assign]
+    if part == "activations":  # the norms and SiLU-mul hand over float activations
+        W8A8LinearMethod.input_quant = property(lambda self: None)  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        (W8A8LinearMethod.process_weights_after_loading, W8A8LinearMethod.apply,
+         W8A8LinearMethod.input_quant) = saved  # type: ignore[method-assign,assignment]
+
+
 def seeds(spec: str) -> list[int]:
     lo, _, hi = spec.partition("-")
     return list(range(int(lo), int(hi or lo) + 1))
@@ -77,6 +119,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--rotation-seeds", default=None, help="e.g. 0-7: rotated variants once per seed")
+    ap.add_argument("--float", choices=["weights", "activations"], default=None,
+                    help="keep this part of every W8A8 layer in float32 (not with GPTQ's weights)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     quant_config.check_fp8_device = lambda device: None  # fp8's numerics through the reference ops
@@ -92,7 +136,7 @@ def main() -> None:
         runs = seeds(args.rotation_seeds) if args.rotation_seeds and "quant_rotation" in kwargs else [None]
         for seed in runs:
             cells = []
-            with rotation_seed(seed) if seed is not None else contextlib.nullcontext():
+            with rotation_seed(seed) if seed is not None else contextlib.nullcontext(), float_part(args.float):
                 for text_name, text in texts.items():
                     lp, top = score(text, **kwargs)
                     base_lp, base_top = base[text_name]
