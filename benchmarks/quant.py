@@ -158,11 +158,11 @@ def launch_switches(extras: list[str]) -> Iterator[None]:
     """"+nopdl": programmatic dependent launch off (TESSEL_PDL=0); "+noprefetch": the W8A8 GEMM's
     L2 prefetch of its weight off (TESSEL_PREFETCH_LINES=0); "+gemmpdlall": the GEMM under PDL at
     every M (gemm.PDL_MAX_M lifted); "+f16dots" the fp8 KV cache's decode dots in fp16 (TESSEL_FP8_F16=1);
-    "+vbytes" its V tile read byte by byte as before (TESSEL_FP8_V_WORDS=0); "+warps" decode attention's
-    warp-split walk (TESSEL_DECODE_WARPS=1). For one engine case; restored after it."""
+    "+vbytes" its V tile read byte by byte as before (TESSEL_FP8_V_WORDS=0). For one engine case;
+    restored after it."""
     switches = {"nopdl": ("TESSEL_PDL", "0"), "noprefetch": ("TESSEL_PREFETCH_LINES", "0"),
                 "gemmpdlall": ("TESSEL_GEMM_PDL_MAX_M", "1000000"), "f16dots": ("TESSEL_FP8_F16", "1"),
-                "vbytes": ("TESSEL_FP8_V_WORDS", "0"), "warps": ("TESSEL_DECODE_WARPS", "1")}
+                "vbytes": ("TESSEL_FP8_V_WORDS", "0")}
     saved = {var: os.environ.get(var) for var, _ in switches.values()}
     for extra in extras:
         if extra in switches:

@@ -57,47 +57,6 @@ def test_decode_matches_reference(device: str, heads: tuple[int, int, int], mode
     torch.testing.assert_close(out.float().cpu(), _expected(q, kc, vc, md, d**-0.5), **_tol(dtype))
 
 
-@pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"q{h[0]}kv{h[1]}d{h[2]}")
-@pytest.mark.parametrize("mode", ["balanced", "none"])
-def test_warp_split_decode_matches_reference(device: str, heads: tuple[int, int, int], mode: str,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """TESSEL_DECODE_WARPS=1 (decode_warps.py): each warp's own online softmax, combined per range;
-    ranges shorter than one warp's chunk leave warps with no valid token."""
-    monkeypatch.setenv("TESSEL_DECODE_WARPS", "1")
-    hq, hkv, d = heads
-    dtype = _dtype(device, torch.float32 if hq == hkv else torch.float16)
-    lens = DECODE_LENS if device == "cpu" else [1, 16, 1000, 4099, 129, 7, 2048, 300]
-    q, kc, vc, md = make_batch(lens, [1] * len(lens), num_q_heads=hq, num_kv_heads=hkv,
-                               head_dim=d, block_size=16, dtype=dtype, device=device)
-    cfg = DecodeConfig(mode=mode, tile_size=32 if device == "cpu" else 128)  # type: ignore[arg-type]
-    plan = build_decode_plan(md.seq_lens, hq, hkv, d, q.device, cfg)
-    out = paged_decode(q, kc, vc, md.block_tables, plan, d**-0.5)
-    torch.testing.assert_close(out.float().cpu(), _expected(q, kc, vc, md, d**-0.5), **_tol(dtype))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
-def test_every_warp_split_config_is_correct(kv_dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each tile the autotuner may pick for decode_warps.py, pinned in turn."""
-    from tessel.kernels.attention import decode_warps
-
-    monkeypatch.setenv("TESSEL_DECODE_WARPS", "1")
-    q, kc, vc, md = make_batch([1, 16, 1000, 129, 7, 300], [1] * 6, num_q_heads=32, num_kv_heads=8, head_dim=128,
-                               block_size=16, dtype=torch.bfloat16, device="cuda")
-    kc, vc = kc.to(kv_dtype), vc.to(kv_dtype)
-    plan = build_decode_plan(md.seq_lens, 32, 8, 128, q.device, DecodeConfig())
-    kernel = decode_warps.decode_warps_kernel
-    saved = kernel.configs
-    try:
-        for config in decode_warps.tile_configs(tuned=True):
-            kernel.configs, kernel.cache = [config], {}
-            out = paged_decode(q, kc, vc, md.block_tables, plan, 128**-0.5)
-            torch.testing.assert_close(out.float().cpu(), _expected(q, kc, vc, md, 128**-0.5), **_tol(torch.bfloat16))
-    finally:
-        kernel.configs, kernel.cache = saved, {}
-
-
 PREFILL_CASES = {
     # seq_lens, query_lens: plain prefill, chunked prefill / prefix hit, decode rows mixed in.
     "prefill": ([1, 16, 45], [1, 16, 45]),

@@ -92,9 +92,7 @@ def _tol(q: torch.Tensor) -> dict[str, float]:
 
 # which switches each variant turns on (TESSEL_FP8_F16 takes a bf16 query, so acts on CUDA only)
 DECODE_VARIANTS = {"v-words": ("TESSEL_FP8_V_WORDS",), "v-words-f16-dots": ("TESSEL_FP8_V_WORDS", "TESSEL_FP8_F16"),
-                   "v-bytes": (), "v-bytes-f16-dots": ("TESSEL_FP8_F16",), "warps": ("TESSEL_DECODE_WARPS", "TESSEL_FP8_V_WORDS"),
-                   "warps-v-bytes": ("TESSEL_DECODE_WARPS",),
-                   "warps-f16-dots": ("TESSEL_DECODE_WARPS", "TESSEL_FP8_V_WORDS", "TESSEL_FP8_F16")}
+                   "v-bytes": (), "v-bytes-f16-dots": ("TESSEL_FP8_F16",)}
 
 
 @pytest.mark.parametrize("heads", [(2, 2, 64), (8, 2, 128)], ids=lambda h: f"q{h[0]}kv{h[1]}d{h[2]}")
@@ -102,7 +100,7 @@ DECODE_VARIANTS = {"v-words": ("TESSEL_FP8_V_WORDS",), "v-words-f16-dots": ("TES
 @pytest.mark.parametrize("kernel", list(DECODE_VARIANTS))
 def test_decode_reads_an_fp8_cache(device: str, heads: tuple[int, int, int], mode: str, kernel: str,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    for switch in ("TESSEL_FP8_F16", "TESSEL_FP8_V_WORDS", "TESSEL_DECODE_WARPS"):
+    for switch in ("TESSEL_FP8_F16", "TESSEL_FP8_V_WORDS"):
         monkeypatch.setenv(switch, "1" if switch in DECODE_VARIANTS[kernel] else "0")
     hq, hkv, d = heads
     lens = [1, 16, 37, 100, 5] if device == "cpu" else [1, 16, 1000, 4099, 129, 7]

@@ -8,8 +8,8 @@ log-sum-exp for ``merge.py``. An E4M3 cache (``KV_FP8``) is widened to the query
 is loaded: decode is bound by reading the cache, which is then half the bytes of bf16. Its V
 tile is read as 32-bit words (``fp8_words.py``; ``TESSEL_FP8_V_WORDS=0`` reads bytes), and
 ``TESSEL_FP8_F16=1`` runs the dots in fp16 (opt-in: faster alone, not in the engine; see
-``benchmarks/results/fp8_kv_decode_h100.md``). ``TESSEL_DECODE_WARPS=1`` runs the same walk with
-each warp on its own tokens (``decode_warps.py``, opt-in until timed).
+``benchmarks/results/fp8_kv_decode_h100.md``). A walk with each warp on its own tokens was
+tried and removed: slower at short contexts (``benchmarks/results/decode_warps_h100.md``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from tessel.kernels.attention.decode_plan import (  # re-exported: the plan's pu
     decode_plan_for,
     decode_plan_key,
 )
-from tessel.kernels.attention.decode_warps import decode_warps_kernel
 from tessel.kernels.attention.fp8_words import can_read_words, load_e4m3_words
 from tessel.kernels.attention.merge import (
     bucket_tiles,
@@ -140,8 +139,7 @@ def paged_decode(
     c, bucket_off, first_off, count_off = plan.offsets
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     grid = (plan.grid_buckets, num_kv_heads)
-    kernel = decode_warps_kernel if os.environ.get("TESSEL_DECODE_WARPS") == "1" else _decode_kernel
-    kernel[grid](
+    _decode_kernel[grid](
         q, k_cache, v_cache, out, plan.part_out, plan.part_lse, block_tables, plan.sched,
         scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
