@@ -76,6 +76,16 @@ def default_reference() -> tuple[transformers.PreTrainedModel, transformers.PreT
     return model, ckpt.tokenizer
 
 
+@pytest.fixture(scope="module")
+def default_expected(
+    default_reference: tuple[torch.nn.Module, transformers.PreTrainedTokenizerFast],
+) -> tuple[list[list[int]], list[list[int]]]:
+    """The prompts' ids and transformers' greedy tokens, once for the three cases (9 s each)."""
+    model, tok = default_reference
+    prompts = [tok.encode(p) for p in DEFAULT_PROMPTS]
+    return prompts, [hf_greedy(model, p, MAX_TOKENS) for p in prompts]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "case, engine_kwargs",
@@ -86,13 +96,11 @@ def default_reference() -> tuple[transformers.PreTrainedModel, transformers.PreT
     ],
 )
 def test_default_model_matches_transformers(
-    default_reference: tuple[torch.nn.Module, transformers.PreTrainedTokenizerFast],
+    default_expected: tuple[list[list[int]], list[list[int]]],
     case: str,
     engine_kwargs: dict[str, int],
 ) -> None:
-    model, tok = default_reference
-    prompts = [tok.encode(p) for p in DEFAULT_PROMPTS]
-    expected = [hf_greedy(model, p, MAX_TOKENS) for p in prompts]
+    prompts, expected = default_expected
     llm = LLM(None, **engine_kwargs)
     got = run_staggered(llm, prompts)
     assert got == expected

@@ -40,12 +40,15 @@ def test_draws_follow_softmax_and_depend_only_on_seed_and_step(device: str) -> N
     want = torch.softmax(base.double() / 0.7, dim=0)
     # binomial standard error at n=1024 is <= 0.016: over 3 sigma (and the draws are fixed by the seeds)
     assert (freq - want).abs().max() < 0.05, (freq, want)
-    # The same (seed, step) at another row, with other rows around it: the same token.
-    perm = torch.randperm(rows, device=device)
-    again = sample_tokens(logits, Draws(inv_t, seeds, steps[perm]))
+    # The same (seed, step) at another row, with other rows around it: the same token. 128 rows
+    # show it as well as all of them, and the interpreter pays per row (a minute for 2 x 1024).
+    few = 128
+    perm = torch.randperm(rows, device=device)[:few]
+    again = sample_tokens(logits[:few], Draws(inv_t[:few], seeds[:few], steps[perm]))
     assert torch.equal(again, drawn[perm])
     # Another seed gives other draws.
-    assert not torch.equal(sample_tokens(logits, Draws(inv_t, seeds + 1, steps)), drawn)
+    other = sample_tokens(logits[:few], Draws(inv_t[:few], seeds[:few] + 1, steps[:few]))
+    assert not torch.equal(other, drawn[:few])
 
 
 def test_greedy_rows_in_a_random_batch(device: str) -> None:
