@@ -93,6 +93,13 @@ CASES: list[tuple[str, str, dict[str, Any] | bytes, int, str]] = [
     ),
     ("unknown role", CHAT, chat(role="wizard"), 400, "messages"),
     ("content of numbers", CHAT, chat(content=[1, 2]), 400, "messages"),
+    (
+        "image part",
+        CHAT,
+        chat(content=[{"type": "text", "text": "What is it?"}, {"type": "image_url", "image_url": {"url": "x"}}]),
+        400,
+        "messages.0.content: content parts of type 'image_url' are not supported",
+    ),
     ("deep JSON", COMPLETIONS, raw("[" * 100_000 + "]" * 100_000), 400, "parsing the body"),
     ("deep field", COMPLETIONS, raw('{"prompt":' + "[" * 50 + "]" * 50 + "}"), 400, "prompt"),
     ("unknown model", COMPLETIONS, {"prompt": "x", "model": "gpt-9"}, 404, "does not exist"),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
+from pydantic_core import PydanticCustomError
 
 from tessel.engine.sampling_params import SamplingParams
 from tessel.server.protocol.errors import APIError
@@ -25,6 +26,21 @@ class ChatMessage(BaseModel):
     role: Role
     content: StrictStr | list[TextPart] | None = None
     name: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, content: Any) -> Any:
+        """An image or audio part would otherwise fail every branch of the union, and pydantic
+        would report the first: "Input should be a valid string", which names the wrong thing."""
+        for part in content if isinstance(content, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind != "text":
+                raise PydanticCustomError(
+                    "content_part_type",
+                    "content parts of type '{kind}' are not supported; this model takes 'text' parts only",
+                    {"kind": kind},
+                )
+        return content
 
     def text(self) -> str:
         if isinstance(self.content, list):
